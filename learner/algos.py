@@ -72,15 +72,23 @@ def grpo_advantages(
         first = first.scatter_reduce(0, pair, rows, reduce="amin")
         members = torch.zeros_like(scores, dtype=torch.bool)
         members[first] = True
-    weight = members.float()
-    count = torch.zeros(num_groups, device=dev).index_add_(0, group, weight)
-    mean = torch.zeros(num_groups, device=dev).index_add_(0, group, weight * scores) / count.clamp_min(1.0)
-    sq_dev = weight * (scores - mean[group]) ** 2
-    var = torch.zeros(num_groups, device=dev).index_add_(0, group, sq_dev) / (count - 1.0).clamp_min(1.0)
+    # Group statistics in float64, and a group whose members all scored the same is centred on
+    # that exact value: float32 sums leave a ~1e-6 residue that the std (also ~1e-6) would
+    # blow back up to O(1) (16 x 0.1 -> A = 0.015 in float32).
+    x = scores.double()
+    weight = members.double()
+    count = torch.zeros(num_groups, dtype=x.dtype, device=dev).index_add_(0, group, weight)
+    mean = torch.zeros_like(count).index_add_(0, group, weight * x) / count.clamp_min(1.0)
+    big = torch.finfo(x.dtype).max
+    lo = torch.full_like(count, big).scatter_reduce(0, group, torch.where(members, x, big), reduce="amin")
+    hi = torch.full_like(count, -big).scatter_reduce(0, group, torch.where(members, x, -big), reduce="amax")
+    mean = torch.where(lo == hi, lo, mean)
+    sq_dev = weight * (x - mean[group]) ** 2
+    var = torch.zeros_like(count).index_add_(0, group, sq_dev) / (count - 1.0).clamp_min(1.0)
     std = var.sqrt()
     singleton = count[group] <= 1
-    centered = scores - mean[group]
-    adv = centered / (std[group] + eps) if norm_by_std else centered
+    centered = x - mean[group]
+    adv = (centered / (std[group] + eps) if norm_by_std else centered).float()
     raw = torch.zeros_like(scores) if singleton_zero else scores
     return torch.where(singleton, raw, adv)
 

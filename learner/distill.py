@@ -48,11 +48,18 @@ def sd_reverse_kl_terms(
     detached. Unclamped, grad l = w * d * grad logp (the reverse-KL policy gradient, off-policy
     corrected by w); it is exactly 0 (value and gradient) when logp == teacher_logp.
     Padding positions are not masked here (see `routed_sd_loss`).
+
+    Where the student is far below the teacher (d < -neg_clamp) the clamped exp keeps the VALUE
+    finite but would break the gradient identity (w's own gradient carries the clamped e^20 while
+    exp(-d) contributes none: ~ +e^20 instead of d). There the term is straight-through: value
+    w * k, gradient exactly w * d.
     """
     d = logp - teacher_logp.detach()
     k = torch.exp((-d).clamp(max=neg_clamp)) - 1.0 + d
     w = torch.exp((logp - old_logp.detach()).clamp(max=ratio_clamp))
-    return w * k
+    exact = w * k
+    straight_through = (w * k).detach() + (w * d).detach() * (logp - logp.detach())
+    return torch.where(d.detach() < -neg_clamp, straight_through, exact)
 
 
 def sdar_gated_terms(logp: torch.Tensor, teacher_logp: torch.Tensor, *, beta: float = 5.0) -> torch.Tensor:

@@ -42,6 +42,21 @@ def test_identical_rewards_give_zero_advantage():  # S7.1
     assert torch.equal(adv([3.0, 3.0, 3.0, 3.0]), torch.zeros(4))
 
 
+@pytest.mark.parametrize("value", [0.1, -0.1, 123.456, 1e-7, -3.3, 0.3, 1e6 + 0.1])
+@pytest.mark.parametrize("size", [2, 3, 7, 16, 64, 257])
+@pytest.mark.parametrize("cross_step", [True, False])
+def test_all_equal_group_gets_exactly_zero_advantage(value, size, cross_step):
+    """float32 statistics gave 16 x 0.1 -> 0.015 and 16 x 123.456 -> 0.93 (inexact mean over a
+    ~1e-6 std); the group statistics are float64 and a zero spread centres exactly."""
+    trajs = list(range(size))
+    got = adv([value] * size, groups=[0] * size, trajs=trajs, cross_step=cross_step)
+    assert torch.equal(got, torch.zeros(size)), got
+    # next to a group with spread, in the same batch
+    mixed = adv([value] * size + [1.0, 0.0], groups=[0] * size + [1, 1], trajs=trajs + [size, size + 1])
+    assert torch.equal(mixed[:size], torch.zeros(size))
+    torch.testing.assert_close(mixed[size:], T([1.0, -1.0]) / math.sqrt(2), atol=1e-5, rtol=0)
+
+
 def test_one_success_of_four_uses_unbiased_std():  # S7.2: std([1,0,0,0], unbiased) = 0.5
     torch.testing.assert_close(adv([1.0, 0, 0, 0]), T([1.5, -0.5, -0.5, -0.5]), atol=1e-5, rtol=0)
 

@@ -180,8 +180,25 @@ def test_clamps_keep_values_finite():
     torch.testing.assert_close(
         logp.grad[0, 1], torch.exp(T(10.0, dtype=F64)) * (1 - torch.exp(T(-50.0, dtype=F64)))
     )
-    # neg clamp active at [0, 0]: no gradient through exp(-d); w = 1 with gradient w * k
-    torch.testing.assert_close(logp.grad[0, 0], out[0, 0].detach() + 1.0)
+    # neg clamp active at [0, 0] (d = -50): straight-through, the gradient is still w * d = -50
+    torch.testing.assert_close(logp.grad[0, 0], T(-50.0, dtype=F64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_gradient_is_w_times_d_for_every_d(dtype):
+    """d = logp - teacher over [-40, 40], on both sides of the neg clamp (20): the gradient is
+    w * d everywhere (the clamp once gave ~ +4.9e8 of the wrong sign below d = -20), and the
+    value stays finite."""
+    d = torch.linspace(-40.0, 40.0, 161, dtype=dtype)
+    old = torch.full_like(d, -3.0)
+    for shift in (0.0, -0.7, 0.5):  # w = e^shift
+        logp = (old + shift).clone().requires_grad_(True)
+        teacher = logp.detach() - d
+        out = sd_reverse_kl_terms(logp, teacher, old)
+        out.sum().backward()
+        expected = torch.exp(torch.tensor(shift, dtype=dtype)) * d
+        torch.testing.assert_close(logp.grad, expected, rtol=1e-5, atol=1e-5)
+        assert torch.isfinite(out).all() and (out >= 0).all()
 
 
 # --- S7.SD.5: the teacher carries no gradient ---------------------------------------------------

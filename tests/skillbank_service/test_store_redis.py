@@ -182,14 +182,14 @@ def test_concurrent_duplicate_adds_write_the_text_once(redis_server, proposal):
 
 def test_crash_and_restart_lose_nothing_acknowledged(tmp_path, proposal):
     data = tmp_path / "aof"
-    server = LocalRedisServer(data, binary="/usr/bin/redis-server").start()
+    server = LocalRedisServer(data).start()
     bank = service(server.url)
     sid = seed_skill(bank, proposal)
     for i in range(5):
         bank.apply([proposal(), proposal(op="update", target_skill_id=sid, text=f"Open closed receptacles, v{i}.")])
     before = (bank.snapshot(), bank.history(), bank.decisions(), bank.stats())
     server.crash()  # SIGKILL: no shutdown hook gets to flush anything
-    restarted = LocalRedisServer(data, binary="/usr/bin/redis-server").start()
+    restarted = LocalRedisServer(data).start()
     try:
         again = service(restarted.url)
         assert (again.snapshot(), again.history(), again.decisions(), again.stats()) == before
