@@ -44,22 +44,25 @@ def sd_reverse_kl_terms(
     """Skill-SD per-token loss l = w * k: (B, L) x 3 -> (B, L).
 
     d = logp - teacher_logp, k = exp(min(-d, neg_clamp)) - 1 + d (k3 >= 0, = 0 iff d = 0),
-    w = exp(min(logp - old_logp, ratio_clamp)) WITH gradient. teacher_logp and old_logp are
-    detached. Unclamped, grad l = w * d * grad logp (the reverse-KL policy gradient, off-policy
+    w = exp(min(logp - old_logp, ratio_clamp)), whose own gradient counts. teacher_logp and
+    old_logp are detached. Unclamped, grad l = w * d * grad logp (the reverse-KL policy gradient, off-policy
     corrected by w); it is exactly 0 (value and gradient) when logp == teacher_logp.
     Padding positions are not masked here (see `routed_sd_loss`).
 
-    Where the student is far below the teacher (d < -neg_clamp) the clamped exp keeps the VALUE
-    finite but would break the gradient identity (w's own gradient carries the clamped e^20 while
-    exp(-d) contributes none: ~ +e^20 instead of d). There the term is straight-through: value
-    w * k, gradient exactly w * d.
+    The gradient is applied in closed form (straight-through: value w * k, gradient g * grad
+    logp): autograd through w * k cancels two terms of size e^{-d} and, in float32, loses O(1)
+    of the gradient once d < -15; below d = -neg_clamp the clamp would even leave w's own
+    gradient carrying e^neg_clamp (~ +4.9e8 instead of d). g = w * d for every d, except where
+    the ratio clamp holds w constant: there g = w * dk/dlogp = w * (1 - e^{-d}) as long as
+    e^{-d} is unclamped, and w * d below -neg_clamp.
     """
-    d = logp - teacher_logp.detach()
+    d = (logp - teacher_logp.detach()).detach()
+    log_ratio = (logp - old_logp.detach()).detach()
+    w = torch.exp(log_ratio.clamp(max=ratio_clamp))
     k = torch.exp((-d).clamp(max=neg_clamp)) - 1.0 + d
-    w = torch.exp((logp - old_logp.detach()).clamp(max=ratio_clamp))
-    exact = w * k
-    straight_through = (w * k).detach() + (w * d).detach() * (logp - logp.detach())
-    return torch.where(d.detach() < -neg_clamp, straight_through, exact)
+    ratio_clamped = (log_ratio > ratio_clamp) & (d >= -neg_clamp)
+    grad = torch.where(ratio_clamped, w * (1.0 - torch.exp((-d).clamp(max=neg_clamp))), w * d)
+    return w * k + grad * (logp - logp.detach())
 
 
 def sdar_gated_terms(logp: torch.Tensor, teacher_logp: torch.Tensor, *, beta: float = 5.0) -> torch.Tensor:
