@@ -33,15 +33,13 @@ def _load(config: Path | None, overrides: list[str] | None):
 
 
 def _check_model(path: str) -> None:
-    p = Path(path)
-    looks_local = p.is_absolute() or path.startswith(".") or "/" not in path or p.parent.exists()
-    if looks_local and not (p / "config.json").is_file():
-        typer.secho(
-            f"model.path={path!r} is not an HF model directory (no config.json). Build the laptop model with "
-            "`python -m deploy build-tiny-model --out runs/tiny/base` and warm-start it with "
-            "`python -m deploy sft --model runs/tiny/base --out runs/tiny/sft`, or set "
-            "--set model.path=<your HF model dir>.", fg="red", err=True)
-        raise typer.Exit(2)
+    from deploy.config import ConfigError, resolve_model_path
+
+    try:
+        resolve_model_path(path)
+    except ConfigError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("validate-config")

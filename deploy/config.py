@@ -378,3 +378,40 @@ def save_resolved(cfg: TrainConfig, run_dir: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(cfg.model_dump_json(indent=2))
     return out
+
+
+def resolve_model_path(path: str) -> str:
+    """The model every actor will load, checked on the driver before any actor starts: an existing
+    directory (made absolute, so actors and `ray job submit` jobs see the folder the driver meant)
+    or a hub id already in the local Hugging Face cache. Anything else is a ConfigError that names
+    the path and the fix, instead of the hub's "Repo id must be in the form ..." from inside an actor."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.path {path!r} is a directory without config.json: point it at a "
+                              "Hugging Face model directory")
+        return str(local.resolve())
+    if local.exists():
+        raise ConfigError(f"model.path {path!r} is a file; it must be a Hugging Face model directory")
+    if _in_hf_cache(path):
+        return path
+    raise ConfigError(
+        f"model.path {path!r} is neither a directory nor a model in the local Hugging Face cache. "
+        "Build the laptop model with `python -m deploy build-tiny-model --out runs/tiny/base` (then "
+        "`python -m deploy sft` for runs/tiny/sft), download the model first "
+        "(`huggingface-cli download <org/name>`), or set --set model.path=<HF model directory>")
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+        return False
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.errors import HFValidationError
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except HFValidationError:
+        return False
+

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from deploy.cluster import Cluster
-from deploy.config import ConfigError, TrainConfig, save_resolved
+from deploy.config import ConfigError, TrainConfig, resolve_model_path, save_resolved
 from deploy.evaluation import EvalResult
 from deploy.metrics import MetricsSink
 from deploy.trainer import Trainer, TrainerState, latest_checkpoint, run_evaluation
@@ -44,6 +44,7 @@ def _announce_ray_address(cfg: TrainConfig, run_dir: Path) -> None:
 def run_training(cfg: TrainConfig, *, resume: bool = False, cluster: Cluster | None = None) -> Path:
     """Train; returns the run directory. `cluster` lets the demo reuse running actors."""
     ckpt = _prepare_run_dir(cfg, resume)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": resolve_model_path(cfg.model.path)})})
     run_dir = Path(cfg.run.output_dir)
     save_resolved(cfg, run_dir)
     own = cluster is None
@@ -77,7 +78,7 @@ def print_eval(result: EvalResult) -> None:
 
 def run_eval_command(cfg: TrainConfig, model_path: str, *, label: str = "eval") -> EvalResult:
     """Evaluate an HF directory on the fixed set with rollout workers only (no learner)."""
-    cluster = Cluster.start(cfg, model_path, with_learner=False)
+    cluster = Cluster.start(cfg, resolve_model_path(model_path), with_learner=False)
     try:
         result = run_evaluation(cluster, cfg, label=label, policy_version=0)
     finally:

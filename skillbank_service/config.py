@@ -34,6 +34,9 @@ class LLMCriticConfig(BaseModel):
     """First retry delay; doubles per retry."""
     max_tokens: int = Field(256, gt=0)
     temperature: float = 0.0
+    allow_unavailable: bool = False
+    """Start even when the endpoint does not answer at start-up (its proposals then fail the
+    critic and are rejected); by default an unreachable endpoint stops the run before it starts."""
 
 
 class SkillBankConfig(BaseModel):

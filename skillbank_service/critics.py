@@ -155,6 +155,10 @@ def render_prompt(r: CriticRequest, *, max_trajectory_chars: int = 12000) -> str
                          text=r.text or "(none)", trajectory=traj)
 
 
+class CriticUnavailable(RuntimeError):
+    """The configured LLM critic's endpoint does not answer."""
+
+
 class VerdictParseError(ValueError):
     pass
 
@@ -221,6 +225,21 @@ class LLMCritic:
         except (KeyError, IndexError, TypeError) as err:
             raise VerdictParseError(f"reply has no choices[0].message.content: {str(payload)[:200]}") from err
 
+    def check_reachable(self) -> None:
+        """Fail fast at start-up: GET {base_url}/models must get an HTTP answer (any status: the
+        server is there) within timeout_s; else CriticUnavailable names the endpoint and the way out."""
+        url = self.cfg.base_url.rstrip("/") + "/models"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=self.cfg.timeout_s):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise CriticUnavailable(
+                f"the LLM critic at {self.cfg.base_url} does not answer ({type(err).__name__}: {err}); start it, "
+                "fix uniskill.bank.llm.base_url, or set uniskill.bank.llm.allow_unavailable=true to run "
+                "with every proposal failing the critic") from None
+
     def judge(self, request: CriticRequest) -> CriticVerdict:
         prompt = render_prompt(request)
         tag, reason = "error", ""
@@ -249,7 +268,10 @@ def build_critic(kind: str, *, llm: LLMCriticConfig | None = None,
         case "rule":
             return RuleCritic()
         case "llm":
-            return LLMCritic(llm or LLMCriticConfig())
+            critic = LLMCritic(llm or LLMCriticConfig())
+            if not critic.cfg.allow_unavailable:
+                critic.check_reachable()
+            return critic
         case "policy":
             if generate is None:
                 raise ValueError("skillbank.critic=policy needs a generate(prompt) callable from the rollout engine")

@@ -33,6 +33,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
 
+from envs.webshop.raw import RawCatalogue
+
 GoalMode = Literal["synthetic", "human"]
 PRODUCT_FILES = ("items_shuffle.json", "items_shuffle_1000.json")
 ATTRIBUTE_FILES = ("items_ins_v2.json", "items_ins_v2_1000.json")
@@ -40,15 +42,6 @@ HUMAN_FILE = "items_human_ins.json"
 GOAL_SHUFFLE_SEED = 233
 NO_PRICE_LIMIT = 1000000
 _PRICE_STEPS = [10.0 * i for i in range(1, 100)]
-
-
-@dataclass(frozen=True)
-class RawCatalogue:
-    """The three upstream files' contents."""
-
-    products: list[dict[str, Any]]
-    attributes: dict[str, dict[str, Any]]
-    human_instructions: dict[str, list[dict[str, Any]]]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.webshop.catalogue import RawCatalogue
+from envs.webshop.raw import RawCatalogue
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from deploy.analysis import ralign_vs_rollout as rv
-from deploy.analysis.uniskill_plots import growth_summary, run_skills_growth, skill_series
+from deploy.analysis.uniskill_plots import growth_summary, run_skills_growth
 from deploy.config import TrainConfig, UniSkillConfig
 from deploy.metrics import MetricsSink
-from deploy.plots import plot_skills
+from deploy.plots import plot_skills, skill_series
 from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.uniskill import ProposerPrompt
 from deploy.uniskill_stage import ProposalBatch, ProposalRecord, UniSkillStage, proposal_records

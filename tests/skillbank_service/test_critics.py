@@ -9,7 +9,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from skillbank_service.config import LLMCriticConfig
-from skillbank_service.critics import LLMCritic, PolicyCritic, RuleCritic, build_critic, parse_verdict
+from skillbank_service.critics import (
+    CriticUnavailable,
+    LLMCritic,
+    PolicyCritic,
+    RuleCritic,
+    build_critic,
+    parse_verdict,
+)
 from skillbank_service.types import CriticRequest
 
 TRAJ = """Your task is to: put a hot apple in the fridge.
@@ -178,3 +185,23 @@ def test_build_critic_names_bad_choices():
         build_critic("policy")
     with pytest.raises(ValueError, match="rule, llm or policy"):
         build_critic("gpt")
+
+
+def test_unreachable_llm_critic_fails_fast_at_build_naming_the_endpoint():
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    cfg = LLMCriticConfig(base_url=dead, timeout_s=0.5)
+    with pytest.raises(CriticUnavailable, match=rf"{dead}.*allow_unavailable=true"):
+        build_critic("llm", llm=cfg)
+    lenient = build_critic("llm", llm=cfg.model_copy(update={"allow_unavailable": True}))
+    verdict = lenient.judge(req())
+    assert verdict.failed and "critic_unreachable" in verdict.reason
+
+
+def test_live_llm_critic_passes_the_start_up_check():
+    with Endpoint(["good"]) as url:  # GET /models is answered 501 by the script server: reachable
+        c = build_critic("llm", llm=LLMCriticConfig(base_url=url, timeout_s=0.5))
+        assert c.judge(req()).passed

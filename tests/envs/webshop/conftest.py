@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.webshop.catalogue import RawCatalogue, build_catalogue
+from envs.webshop.catalogue import build_catalogue
+from envs.webshop.raw import RawCatalogue
 
 SHIRT_CATEGORY = "Clothing, Shoes & Jewelry › Men › Clothing › Shirts › Dress Shirts"
 
