@@ -20,6 +20,7 @@ app.add_typer(skills_app, name="skills")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config (or a saved config.resolved.json)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="dotted override key=value; repeatable")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="print the engines' and frameworks' logs (vLLM, torch, DeepSpeed, Ray) on the console instead of RUN/logs/")]
 
 
 def _load(config: Path | None, overrides: list[str] | None):
@@ -42,6 +43,15 @@ def _check_model(path: str) -> None:
         raise typer.Exit(2) from None
 
 
+def _route_logs(run_dir: Path | str, verbose: bool) -> None:
+    """Engine and framework logs to RUN/logs/ (`deploy.logs`), unless --verbose."""
+    from deploy.logs import route_logs
+
+    log_dir = route_logs(run_dir, verbose=verbose)
+    if log_dir is not None:
+        typer.secho(f"engine and framework logs: {log_dir}/ (--verbose prints them here)", dim=True, err=True)
+
+
 @app.command("validate-config")
 def validate_config(config: ConfigOpt, set_: SetOpt = None) -> None:
     """Parse and validate a config; print the resolved tree."""
@@ -51,24 +61,28 @@ def validate_config(config: ConfigOpt, set_: SetOpt = None) -> None:
 
 @app.command()
 def train(config: ConfigOpt, set_: SetOpt = None,
-          resume: Annotated[bool, typer.Option(help="continue from the latest checkpoint in run.output_dir")] = False) -> None:
+          resume: Annotated[bool, typer.Option(help="continue from the latest checkpoint in run.output_dir")] = False,
+          verbose: VerboseOpt = False) -> None:
     """Train with the configured method on a local or remote Ray cluster."""
     from deploy.runner import run_training
 
     cfg = _load(config, set_)
     _check_model(cfg.model.path)
+    _route_logs(cfg.run.output_dir, verbose)
     run_training(cfg, resume=resume)
 
 
 @app.command("eval")
 def eval_(config: ConfigOpt, checkpoint: Annotated[Path, typer.Option(help="checkpoint dir (with hf/) or an HF model dir")],
-          k: Annotated[int, typer.Option(help="samples per task")] = 4, set_: SetOpt = None) -> None:
+          k: Annotated[int, typer.Option(help="samples per task")] = 4, set_: SetOpt = None,
+          verbose: VerboseOpt = False) -> None:
     """Evaluate a checkpoint on the fixed evaluation set (Avg@k, Pass@k, per task type)."""
     from deploy.runner import run_eval_command
 
     cfg = _load(config, [*(set_ or []), f"eval.k={k}"])
     model = checkpoint / "hf" if (checkpoint / "hf").is_dir() else checkpoint
     _check_model(str(model))
+    _route_logs(cfg.run.output_dir, verbose)
     run_eval_command(cfg, str(model))
 
 
@@ -107,11 +121,12 @@ def sft(
 @app.command()
 def demo(out: Annotated[Path, typer.Option(help="demo output directory")] = Path("runs/demo"),
          config: Annotated[Path, typer.Option("--config", "-c")] = Path("deploy/configs/demo_cpu.yaml"),
-         set_: SetOpt = None) -> None:
+         set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Embedded demo: tiny model -> SFT -> eval -> GRPO on local Ray -> eval (valid_unseen)."""
     from deploy.demo import run_demo
 
     cfg = _load(config, [*(set_ or []), f"run.output_dir={out / 'rl'}"])
+    _route_logs(out, verbose)
     run_demo(cfg, out)
 
 
@@ -200,12 +215,14 @@ def ralign_vs_rollout(
     sample: Annotated[int, typer.Option(help="archived ADD/UPDATE proposals sampled")] = 32,
     k: Annotated[int, typer.Option(help="episodes per proposal and arm (s~ and s_orig)")] = 4,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    verbose: VerboseOpt = False,
 ) -> None:
     """UniSkill: R_align vs the real rollout gain of sampled proposals (Spearman rho; analysis only)."""
     from deploy.analysis.ralign_vs_rollout import run_ralign_vs_rollout, summary_line
 
     model = model or _last_hf(run)
     _check_model(str(model))
+    _route_logs(run / "analysis", verbose)
     try:
         result = run_ralign_vs_rollout(run, model_path=str(model), sample=sample, k=k, seed=seed)
     except ValueError as err:

@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from deploy import logs
 from deploy.config import TrainConfig
 
 # Deployment facts every actor needs; hyperparameters never travel this way.
@@ -41,6 +42,7 @@ def init_ray(cfg: TrainConfig) -> None:
 
     if ray.is_initialized():
         return
+    logs.divert_framework_handlers()  # Ray's driver logger exists now; ray.init logs through it
     joining = cfg.ray.address is not None or "RAY_ADDRESS" in os.environ
     kwargs: dict = {"namespace": cfg.ray.namespace or cfg.run.name, "log_to_driver": True}
     if joining:
@@ -73,13 +75,14 @@ def check_resources(cfg: TrainConfig, *, with_learner: bool) -> None:
                 f"({knobs[kind]}{learners}); lower those settings or add nodes")
 
 
-def _actor_env(cpus: float, *, gpu: bool = False) -> dict:
-    """Per-actor runtime_env: deployment env vars plus torch threads matching reserved CPUs."""
+def _actor_env(cpus: float, *, gpu: bool = False, log_name: str) -> dict:
+    """Per-actor runtime_env: deployment env vars plus torch threads matching reserved CPUs; the
+    actor's output goes to RUN/logs/<log_name>.log when logs are routed (`deploy.logs`)."""
     n = max(1, round(cpus))
     env = {**WORKER_ENV, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
     if gpu:
         env.pop("DS_ACCELERATOR")
-    return {"env_vars": env}
+    return logs.actor_runtime_env({"env_vars": env}, log_name)
 
 
 def start_env_pools(cfg: TrainConfig) -> list:
@@ -94,7 +97,7 @@ def start_env_pools(cfg: TrainConfig) -> list:
     for i in range(cfg.ray.env_pools):
         handle = actor_cls.options(
             name=f"env_pool_{i}", num_cpus=cfg.ray.env_pool_cpus, max_restarts=-1,
-            max_task_retries=0, runtime_env=_actor_env(1),
+            max_task_retries=0, runtime_env=_actor_env(1, log_name=f"env_pool_{i}"),
         ).remote(cfg.env, cfg.ray.envs_per_pool)
         pools.append(RemoteEnvPool(handle, cfg.ray.envs_per_pool, name=f"env_pool_{i}"))
     return pools
@@ -115,7 +118,7 @@ def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) ->
         mine = [p for i, p in enumerate(pools) if i % n == w]
         workers.append(actor_cls.options(
             name=f"rollout_worker_{w}", num_cpus=cfg.ray.rollout_cpus, num_gpus=cfg.ray.rollout_gpus,
-            runtime_env=_actor_env(cfg.ray.rollout_cpus, gpu=cfg.ray.rollout_gpus > 0),
+            runtime_env=_actor_env(cfg.ray.rollout_cpus, gpu=cfg.ray.rollout_gpus > 0, log_name=f"rollout_worker_{w}"),
         ).remote(cfg.engine, cfg.rollout, model_path, mine))
     return workers
 
@@ -158,7 +161,7 @@ def start_learners(cfg: TrainConfig, model_path: str) -> tuple[list, object]:
         actor_cls.options(
             name=f"learner_{rank}", num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
             scheduling_strategy=in_bundle(rank),
-            runtime_env=_actor_env(r.learner_cpus, gpu=r.learner_gpus > 0),
+            runtime_env=_actor_env(r.learner_cpus, gpu=r.learner_gpus > 0, log_name=f"learner_rank{rank}"),
         ).remote(cfg.learner, model_path, rank=rank, world_size=r.num_learners, master_addr=addr, master_port=port)
         for rank in range(r.num_learners)
     ]

@@ -1,0 +1,54 @@
+"""End to end: a smoke `train` keeps the console for the run (stages, the run directory) and sends
+every actor's engine and framework output to RUN/logs/<actor>.log; `--verbose` brings it back to
+the console."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "deploy" / "configs" / "smoke_cpu.yaml"
+VLLM_INFO = re.compile(r"\bINFO \d\d-\d\d \d\d:\d\d:\d\d \[\w+\.py:\d+\]")  # vLLM's own record format
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
+
+
+def _train(model: Path, run: Path, *extra: str) -> str:
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    res = subprocess.run(
+        [sys.executable, "-m", "deploy", "train", "--config", str(SMOKE), "--set", f"model.path={model}",
+         "--set", f"run.output_dir={run}", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return res.stdout + res.stderr
+
+
+def test_engine_logs_go_to_run_logs(model, tmp_path):
+    run = tmp_path / "run"
+    console = _train(model, run)
+    print(f"\nconsole lines, smoke train: {len(console.splitlines())}")
+
+    logs = run / "logs"
+    names = {p.name for p in logs.glob("*.log")}
+    assert {"driver.log", "rollout_worker_0.log", "learner_rank0.log", "env_pool_0.log"} <= names, names
+    worker = (logs / "rollout_worker_0.log").read_text()
+    assert VLLM_INFO.search(worker), worker[:2000]
+    assert "ParallelLMHead" in worker  # the tied-embedding note of every weight sync
+    assert "Started a local Ray instance" in (logs / "driver.log").read_text()
+
+    assert "ParallelLMHead" not in console
+    assert not VLLM_INFO.search(console), console[-3000:]
+    assert "NUMA binding" not in console and "reduce_op" not in console
+    assert "run written to" in console and "engine and framework logs:" in console
+
+
+def test_verbose_prints_engine_logs(model, tmp_path):
+    run = tmp_path / "run"
+    console = _train(model, run, "--set", "run.total_steps=1", "--set", "eval.at_end=false", "--verbose")
+    print(f"\nconsole lines, smoke train --verbose (1 step): {len(console.splitlines())}")
+    assert VLLM_INFO.search(console) and "ParallelLMHead" in console
+    assert not (run / "logs").exists()
