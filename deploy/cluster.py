@@ -1,5 +1,6 @@
 """`Cluster`: the driver's handle on the running actors, with one method per thing the training
-step asks of them (collect, train, sync weights, checkpoint). Ray calls live here only."""
+step asks of them (collect, generate UniSkill proposals, train, sync weights, checkpoint). The
+training step's Ray calls live here (the skill-bank actor's in `deploy.skillbank_actor`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deploy.config import TrainConfig
 from envs.types import TaskSpec
-from rollout_workers.types import RolloutStats, Trajectory
+from rollout_workers.types import Generation, RolloutStats, Trajectory
+
+if TYPE_CHECKING:
+    from deploy.uniskill import ProposalRequest
 
 
 def merge_stats(stats: Sequence[RolloutStats], wall_s: float) -> RolloutStats:
@@ -76,6 +81,22 @@ class Cluster:
         results = ray.get(futures)
         trajectories = [t for trajs, _ in results for t in trajs]
         return trajectories, merge_stats([s for _, s in results], time.perf_counter() - start)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def generate_proposals(self, requests: Sequence[ProposalRequest]) -> list[list[Generation]]:
+        """UniSkill proposals with the current weights: requests[i] on rollout worker i, all at
+        once (`deploy.uniskill.ProposalWorkers`)."""
+        import ray
+
+        if len(requests) > len(self.workers):
+            raise ValueError(f"{len(requests)} proposal requests for {len(self.workers)} rollout workers")
+        return ray.get([
+            w.generate_proposals.remote(r.prompt_ids, max_tokens=r.max_tokens, temperature=r.temperature,
+                                        seed=r.seed, op_choices=r.op_choices)
+            for w, r in zip(self.workers, requests)])
 
     def train(self, rows: Sequence, proposals: Sequence = (), align: Sequence = (), *,
               global_step: int | None = None):

@@ -10,7 +10,8 @@ WebShop also reports its score next to them (verl-agent's `webshop_task_score`, 
 print it): score = 100 x mean raw task score (the purchase score in [0, 1]; 0 for an episode
 without a purchase) over all k x N episodes, with the same task-clustered standard error, overall
 and per task type. Success stays `Trajectory.success` = won = (score == 1) for Avg@k / Pass@k.
-For envs without a raw score (ALFWorld) the score fields are None.
+For envs without a raw score (ALFWorld) the score fields are None; which envs report one is
+the env's `reports_task_score` (`rollout_workers.env_profiles`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.types import Trajectory
 
 
@@ -97,7 +99,7 @@ def _per_task(trajectories: Sequence[Trajectory]) -> dict[str, list[bool]]:
 def _per_task_score(trajectories: Sequence[Trajectory]) -> dict[str, list[float]] | None:
     """task_id -> raw scores, or None when no trajectory comes from an env with a raw score.
     A WebShop episode without a reported score (e.g. an env error before any step) counts 0."""
-    if not any(t.task.env == "webshop" or t.task_score is not None for t in trajectories):
+    if not any(rollout_profile(t.task.env).reports_task_score or t.task_score is not None for t in trajectories):
         return None
     by_task: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:

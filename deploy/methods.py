@@ -1,4 +1,4 @@
-"""Training methods as config switches (ALGORITHMS.md S2/S8): which turns get a teacher and what
+"""Training methods as config switches (docs/algorithms.md S2/S8): which turns get a teacher and what
 the teacher sees. This is the trainer's step 3 ("route"); the learner then scores the student's
 exact response ids under each teacher prompt and adds the routed distillation loss.
 
@@ -15,10 +15,10 @@ exact response ids under each teacher prompt and adds the routed distillation lo
 ablations). A trajectory with no reference (no other success of its task in the group or the
 per-task buffer) gets no teacher. References never include the row's own trajectory.
 
-Per env (`task.env`): the state tracker that stamps signatures (ALFWorld: `routing.alfworld_tracker`;
-WebShop: `routing.webshop_tracker`, fed each turn's admissible actions too), the prompt renderer
-(the loop's, so a teacher prompt is the student's plus the block) and, for WebShop, the reference
-observations shown in verl-agent's formatted view and a state summary of the tracker's fields.
+Per env (`task.env`), through `rollout_workers.episode.Episode`: the state tracker that stamps
+signatures and summarises the state (`routing.trackers`), the prompt renderer (the loop's, so a
+teacher prompt is the student's plus the block) and the reference observations as prompts show
+them (`rollout_workers.env_profiles`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Literal
 
 from rollout_workers.config import RolloutConfig
+from rollout_workers.episode import Episode
 from rollout_workers.prompts import render_prompt_ids
-from rollout_workers.prompts_webshop import format_observation
-from rollout_workers.turn_messages import recorded_turn_message, task_text
+from rollout_workers.turn_messages import recorded_turn_message
 from rollout_workers.types import Trajectory
-from routing import alfworld_tracker, webshop_tracker
 from routing.matching import RouteTrace, route
 from routing.reference import SuccessBuffer, select_references
 from routing.teacher_context import ContextPart, build_teacher_context
@@ -50,70 +49,6 @@ RULES: dict[str, tuple[TurnRule, frozenset[ContextPart]]] = {
     "context_only": ("all", frozenset({"full_reference", "state_summary", "candidate_action"})),
     "random_turn": ("random", frozenset({"full_reference"})),
 }
-
-
-@dataclass(frozen=True)
-class Episode:
-    """A Trajectory as routing sees it (RoutableTrajectory): executed actions and the observation
-    before each of them, plus the final observation."""
-
-    traj: Trajectory
-
-    @property
-    def task_id(self) -> str:
-        return self.traj.task.task_id
-
-    @property
-    def traj_id(self) -> str:
-        return self.traj.traj_id
-
-    @property
-    def success(self) -> bool:
-        return self.traj.success
-
-    @property
-    def actions(self) -> list[str]:
-        return [t.env_action for t in self.traj.turns]
-
-    @property
-    def observations(self) -> list[str]:
-        turns = self.traj.turns
-        return [t.observation for t in turns] + ([turns[-1].next_observation] if turns else [])
-
-    @property
-    def task_text(self) -> str:
-        """The prompt's task line (as the loop read it from the reset observation)."""
-        return task_text(self.traj.task, self.traj.turns[0].observation if self.traj.turns else "")
-
-    def trace(self) -> RouteTrace:
-        task = self.traj.task
-        args = (task.task_id, task.task_type, task.instruction, self.observations, self.actions)
-        if task.env == "webshop":
-            admissible = [t.admissible_actions for t in self.traj.turns]
-            sigs = webshop_tracker.signatures_for_episode(*args, admissible=admissible)
-        else:
-            sigs = alfworld_tracker.signatures_for_episode(*args)
-        return RouteTrace(actions=self.actions, observations=self.observations, signatures=sigs)
-
-    def state_fields(self, t: int, trace: RouteTrace) -> dict[str, str]:
-        """The teacher's state summary at turn t: the exact signature's fields (ALFWorld) or the
-        WebShop tracker's progress fields (its exact signature holds no stage)."""
-        if self.traj.task.env != "webshop":
-            return dict(trace.signatures[t].fields)
-        tracker = webshop_tracker.WebShopTracker(self.task_id, self.traj.task.instruction)
-        turns = self.traj.turns
-        for k in range(t + 1):
-            action = None if k == 0 else turns[k - 1].env_action
-            tracker.observe(action, turns[k].observation, turns[k].admissible_actions)
-        keys = ("stage", "page", "product", "options", "option_progress", "price_ok")
-        return {key: value for key, value in tracker.fields().items() if key in keys}
-
-    def shown_observations(self) -> list[str]:
-        """Observations before each action as prompts show them (WebShop: verl-agent's format)."""
-        observations = self.observations[:-1]
-        if self.traj.task.env != "webshop":
-            return observations
-        return [format_observation(o, self.task_text) for o in observations]
 
 
 def with_references(trajectories: Sequence[Trajectory], buffer: SuccessBuffer) -> Iterator[tuple[Episode, Episode | None]]:

@@ -13,22 +13,29 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from deploy.evaluation import EvalResult
-from learner.algos import repeated_ngram_ratio
+from learner.metrics import repeated_ngram_ratio
+from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.types import Trajectory
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """On-policy rollout health: success, reward, response length, repetition, failure modes.
 
-    With WebShop episodes, also `webshop_task_score`: their mean raw task score in [0, 1]
-    (verl-agent's `webshop_task_score (not success_rate)`; an episode without a purchase counts 0).
+    For episodes of an env that reports a raw task score, also its `task_score_metric`
+    (`rollout_workers.env_profiles`; WebShop: `webshop_task_score`, verl-agent's
+    `webshop_task_score (not success_rate)`): their mean raw task score in [0, 1] (an episode
+    without a purchase counts 0).
     """
     turns = [turn for t in trajectories for turn in t.turns]
     n_ep = max(len(trajectories), 1)
     n_turns = max(len(turns), 1)
     reasons = Counter(t.end_reason for t in trajectories)
-    webshop = [t.task_score or 0.0 for t in trajectories if t.task.env == "webshop"]
-    extra = {"webshop_task_score": sum(webshop) / len(webshop)} if webshop else {}
+    task_scores: dict[str, list[float]] = {}
+    for t in trajectories:
+        metric = rollout_profile(t.task.env).task_score_metric
+        if metric is not None:
+            task_scores.setdefault(metric, []).append(t.task_score or 0.0)
+    extra = {metric: sum(scores) / len(scores) for metric, scores in task_scores.items()}
     return {
         "success_rate": sum(t.success for t in trajectories) / n_ep,
         "reward_mean": sum(t.score for t in trajectories) / n_ep,

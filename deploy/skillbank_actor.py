@@ -4,12 +4,17 @@ Any other driver inspects it live: `ray.get_actor("skillbank", namespace=<run.na
 `python -m deploy skills ls --address ADDR --namespace NS`. With `detached=True` the actor (and the
 private Redis server it started when no URL is configured) outlives the driver; stop it with
 `shutdown_skillbank`. The actor is a threaded actor (max_concurrency) so inspection calls are
-served while a commit runs; the store's optimistic transactions keep concurrent writes safe."""
+served while a commit runs; the store's optimistic transactions keep concurrent writes safe.
+`RemoteSkillBank` is the training stage's view of the actor (its read and write calls)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from deploy.logs import actor_runtime_env
 from skillbank_service.config import SkillBankConfig
 from skillbank_service.service import SkillBankService
+from skillbank_service.types import ApplyResult, RetrievedSkill, ScoredProposal
 
 ACTOR_NAME = "skillbank"
 MAX_CONCURRENCY = 8
@@ -28,6 +33,8 @@ def get_or_create_skillbank(cfg: SkillBankConfig, namespace: str, detached: bool
                      "num_cpus": num_cpus, "max_concurrency": MAX_CONCURRENCY, "max_restarts": 0}
     if detached:
         options["lifetime"] = "detached"
+    if runtime_env := actor_runtime_env({}, ACTOR_NAME):  # RUN/logs/skillbank.log when logs are routed
+        options["runtime_env"] = runtime_env
     handle = ray.remote(SkillBankService).options(**options).remote(cfg)
     ray.get(handle.ping.remote())  # surfaces a failed start (no server binary, bad URL) here
     return handle
@@ -52,3 +59,22 @@ def shutdown_skillbank(handle) -> None:
         ray.get(handle.shutdown.remote(), timeout=60)
     finally:
         ray.kill(handle)
+
+
+class RemoteSkillBank:
+    """The "skillbank" actor as `deploy.uniskill_stage.SkillBank` (retrieve_many / apply), each
+    call waiting for the actor's answer."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def retrieve_many(self, queries: Sequence[str], k: int | None = None,
+                      task_types: Sequence[str | None] | None = None) -> list[list[RetrievedSkill]]:
+        import ray
+
+        return ray.get(self.handle.retrieve_many.remote(list(queries), k, task_types))
+
+    def apply(self, proposals: Sequence[ScoredProposal]) -> ApplyResult:
+        import ray
+
+        return ray.get(self.handle.apply.remote(list(proposals)))

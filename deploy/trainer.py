@@ -1,4 +1,4 @@
-"""The synchronous training loop (ARCHITECTURE.md "one training step"). Each stage is a named call;
+"""The synchronous training loop (docs/architecture.md "one training step"). Each stage is a named call;
 UniSkill retrieval (step 1), SMRC-SD routing (step 3), UniSkill proposals (step 4) and the
 skill-bank commit (step 8, after the update) are stages that are no-ops for plain GRPO.
 """
@@ -82,7 +82,7 @@ def make_skill_stage(cfg: TrainConfig, cluster: Cluster) -> UniSkillStage | None
         return None
     from deploy.uniskill_stage import make_stage
 
-    return make_stage(cfg, cluster.workers)
+    return make_stage(cfg, cluster)
 
 
 def run_evaluation(cluster: Cluster, cfg: TrainConfig, *, label: str, policy_version: int,

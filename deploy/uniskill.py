@@ -1,12 +1,13 @@
-"""UniSkill glue for the trainer (ALGORITHMS.md S3-S5): one function per stage of a training step,
-in the order the trainer calls them. Everything here is pure except `generate_proposals` (Ray).
+"""UniSkill glue for the trainer (docs/algorithms.md S3-S5): one function per stage of a training
+step, in the order the trainer calls them. Everything here is pure: generation on the rollout
+workers comes in as a `ProposalWorkers` object (`deploy.cluster.Cluster` in a run).
 
     skills  = retrieve_skills(bank, tasks, cfg)                    # before collect
     shown   = actor_skill_texts(skills, cfg)                       # the actor's prompt slot
     (collect with `shown`; SMRC-SD routing if on)
     cands   = build_candidates(trajectories, rng, cfg)
     prompts = proposer_prompts(cands, trajectories, skills, tokenizer, cfg)
-    gens    = generate_proposals(workers, prompts, cfg, seed=...)  # Ray
+    gens    = generate_proposals(workers, prompts, cfg, seed=...)  # on the rollout workers
     parsed  = parse_proposals(prompts, gens, cfg)
     verdicts= judge(critic, prompts, parsed)                       # skipped in warm-up
     rows    = rows_from_trajectories(...)                          # actor rows (learner.batch)
@@ -16,7 +17,7 @@ in the order the trainer calls them. Everything here is pure except `generate_pr
     bank.apply(scored_proposals(prompts, parsed, verdicts, scores, step=...))   # after the update
 
 `UniSkillStage` bundles these for the trainer (retrieve / propose / learner_inputs / commit) with
-the bank, critic and generator injected; `make_stage` builds it on Ray. The variant table
+the bank, critic and generator injected; `make_stage` builds it for a run. The variant table
 (actor_only / proposer_only / no_r_align / no_support_reg) lives in `deploy.config.VARIANT_SWITCHES`;
 `switches(cfg)` reads it.
 """
@@ -33,12 +34,12 @@ from envs.types import TaskSpec
 from learner.types import AlignAnchor, AlignRequest, ProposalRow, ProposalScore, TrainRow
 from rollout_workers.config import RolloutConfig
 from rollout_workers.engines.base import derive_seed
+from rollout_workers.env_profiles import rollout_profile
+from rollout_workers.episode import Episode
 from rollout_workers.prompts import render_prompt_ids
 from rollout_workers.proposer import (
     ACTION_CLOSE,
-    ALFWORLD_SETTING,
     OP_TOKENS,
-    WEBSHOP_SETTING,
     ParsedProposal,
     group_members,
     legal_ops,
@@ -48,7 +49,7 @@ from rollout_workers.proposer import (
     render_trajectory,
     select_candidates,
 )
-from rollout_workers.turn_messages import recorded_turn_message, task_text
+from rollout_workers.turn_messages import recorded_turn_message
 from rollout_workers.types import Candidate, Generation, Trajectory
 from skillbank_service.types import (
     CriticRequest,
@@ -107,33 +108,10 @@ def actor_skill_texts(
 # ---- 2. candidates and proposer prompts ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Member:
-    """A Trajectory as candidate selection sees it."""
-
-    traj: Trajectory
-
-    @property
-    def traj_id(self) -> str:
-        return self.traj.traj_id
-
-    @property
-    def group_id(self) -> str:
-        return self.traj.group_id
-
-    @property
-    def task_id(self) -> str:
-        return self.traj.task.task_id
-
-    @property
-    def won(self) -> bool:
-        return self.traj.success
-
-
 def build_candidates(trajectories: Sequence[Trajectory], rng: random.Random, cfg: UniSkillConfig) -> list[Candidate]:
-    """Candidates of ALGORITHMS.md S3 from the step's groups (a group shares task, seed and
+    """Candidates of docs/algorithms.md S3 from the step's groups (a group shares task, seed and
     retrieved skill). Trajectories without turns or ended by an env error take no part."""
-    usable = [_Member(t) for t in trajectories if t.turns and t.end_reason != "env_error"]
+    usable = [Episode(t) for t in trajectories if t.turns and t.end_reason != "env_error"]
     return select_candidates(group_members(usable), rng, max_candidates=cfg.max_candidates_per_step)
 
 
@@ -167,9 +145,11 @@ def proposer_prompts(
         skill = skills.get(c.task_id)
         legal = legal_ops(skill is not None)
         source_text = render_trajectory(src.turns, won=src.success, max_chars=budget)
+        profile = rollout_profile(src.task.env)
         message = render_proposer_message(
-            setting=WEBSHOP_SETTING if src.task.env == "webshop" else ALFWORLD_SETTING,
-            task=task_text(src.task, src.turns[0].observation if src.turns else ""), source=source_text, source_won=src.success,
+            setting=profile.proposer_setting,
+            task=profile.task_text(src.task, src.turns[0].observation if src.turns else ""), source=source_text,
+            source_won=src.success,
             reference=render_trajectory(ref.turns, won=ref.success, max_chars=budget),
             skill_text=skill.text if skill is not None else None, legal=legal)
         ids = render_proposer_prompt_ids(tokenizer, message)
@@ -180,26 +160,54 @@ def proposer_prompts(
     return out, too_long
 
 
-# ---- 3. generation (Ray) and parsing -------------------------------------------------------------
+# ---- 3. generation and parsing -------------------------------------------------------------
 
 
-def generate_proposals(workers: Sequence, prompts: Sequence[ProposerPrompt], cfg: UniSkillConfig, *,
+@dataclass(frozen=True)
+class ProposalRequest:
+    """One rollout worker's share of a step's proposals: the arguments of its
+    `RolloutWorker.generate_proposals` call."""
+
+    prompt_ids: list[list[int]]
+    max_tokens: int
+    temperature: float
+    seed: int
+    op_choices: list[list[str]] | None = None
+
+
+class ProposalWorkers(Protocol):
+    """Generation on the rollout workers' engines with the current weights
+    (`deploy.cluster.Cluster`; tests pass fakes)."""
+
+    @property
+    def num_workers(self) -> int: ...
+
+    def generate_proposals(self, requests: Sequence[ProposalRequest]) -> list[list[Generation]]:
+        """requests[i] on worker i, all at once; one list of generations per request, in order."""
+        ...
+
+
+def proposal_requests(prompts: Sequence[ProposerPrompt], num_workers: int, cfg: UniSkillConfig, *,
+                      seed: int) -> list[ProposalRequest]:
+    """The prompts dealt round-robin (prompt j to worker j % num_workers): one request per worker
+    that gets any, worker i sampling with seed derive_seed(seed, i)."""
+    n = num_workers
+    return [
+        ProposalRequest(prompt_ids=[list(p.prompt_ids) for p in prompts[i::n]], max_tokens=cfg.proposer.max_tokens,
+                        temperature=cfg.proposer.temperature, seed=derive_seed(seed, i),
+                        op_choices=[op_choices(p.legal) for p in prompts[i::n]] if cfg.proposer.constrain_op else None)
+        for i in range(n) if prompts[i::n]
+    ]
+
+
+def generate_proposals(workers: ProposalWorkers, prompts: Sequence[ProposerPrompt], cfg: UniSkillConfig, *,
                        seed: int) -> list[Generation]:
     """Proposals from the rollout workers' engines (current weights), split evenly across the
-    RolloutWorker actor handles; results in `prompts` order."""
+    workers; results in `prompts` order."""
     if not prompts:
         return []
-    import ray
-
-    n = len(workers)
-    futures = [
-        w.generate_proposals.remote([list(p.prompt_ids) for p in prompts[i::n]], max_tokens=cfg.proposer.max_tokens,
-                                    temperature=cfg.proposer.temperature, seed=derive_seed(seed, i),
-                                    op_choices=[op_choices(p.legal) for p in prompts[i::n]]
-                                    if cfg.proposer.constrain_op else None)
-        for i, w in enumerate(workers) if prompts[i::n]
-    ]
-    shares = ray.get(futures)
+    n = workers.num_workers
+    shares = workers.generate_proposals(proposal_requests(prompts, n, cfg, seed=seed))
     out: list[Generation | None] = [None] * len(prompts)
     for i, share in enumerate(shares):
         for j, g in enumerate(share):

@@ -1,6 +1,8 @@
 """UniSkill's stage of the training step (the trainer holds one): the pure glue of
 `deploy.uniskill` bundled with the bank, the critic and the proposal generator, which are
-injected (`make_stage` builds them on Ray; tests pass fakes or local objects).
+injected (`make_stage` builds them for a run: the bank actor through
+`deploy.skillbank_actor.RemoteSkillBank`, generation through `deploy.cluster.Cluster`; tests pass
+fakes or local objects).
 
     stage.retrieve(tasks)                 -> task_id -> skill text for the actor slot
     stage.propose(trajectories, step=)    -> ProposalBatch (candidates, prompts, gens, parsed, verdicts)
@@ -22,6 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from deploy.config import TrainConfig
 from deploy.uniskill import (
     Critic,
+    ProposalRequest,
+    ProposalWorkers,
     ProposerPrompt,
     SkillRetriever,
     actor_skill_texts,
@@ -49,7 +53,6 @@ from skillbank_service.types import (
     ApplyResult,
     CriticVerdict,
     Decision,
-    RetrievedSkill,
     ScoredProposal,
     Skill,
 )
@@ -229,49 +232,29 @@ class UniSkillStage:
         return out
 
 
-
-# ---- Ray wiring (thin) -----------------------------------------------------------------------------
-
-
-class RemoteBank:
-    """`SkillBank` over the "skillbank" Ray actor (deploy.skillbank_actor)."""
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def retrieve_many(self, queries, k=None, task_types=None) -> list[list[RetrievedSkill]]:
-        import ray
-
-        return ray.get(self.handle.retrieve_many.remote(list(queries), k, task_types))
-
-    def apply(self, proposals: Sequence[ScoredProposal]) -> ApplyResult:
-        import ray
-
-        return ray.get(self.handle.apply.remote(list(proposals)))
+# ---- wiring for a run --------------------------------------------------------------------------
 
 
-def policy_generate(workers: Sequence, tokenizer, *, max_tokens: int) -> Callable[[str], str]:
+def policy_generate(workers: ProposalWorkers, tokenizer, *, max_tokens: int) -> Callable[[str], str]:
     """`generate(prompt) -> text` for the policy critic: greedy, on the first rollout worker."""
 
     def generate(prompt: str) -> str:
-        import ray
-
         ids = render_prompt_ids(tokenizer, prompt)
-        gen = ray.get(workers[0].generate_proposals.remote([ids], max_tokens=max_tokens, temperature=0.0, seed=0))
-        return gen[0].text
+        request = ProposalRequest(prompt_ids=[ids], max_tokens=max_tokens, temperature=0.0, seed=0)
+        return workers.generate_proposals([request])[0][0].text
 
     return generate
 
 
-def make_stage(cfg: TrainConfig, workers: Sequence) -> UniSkillStage | None:
+def make_stage(cfg: TrainConfig, workers: ProposalWorkers) -> UniSkillStage | None:
     """The trainer's UniSkill stage (None when UniSkill is off): the bank actor of this run
     (namespace = run.name), the configured critic (none without a proposer) and generation on the
-    rollout workers."""
+    rollout workers (`deploy.cluster.Cluster`)."""
     if not cfg.uniskill.enabled:
         return None
     from transformers import AutoTokenizer
 
-    from deploy.skillbank_actor import get_or_create_skillbank, shutdown_skillbank
+    from deploy.skillbank_actor import RemoteSkillBank, get_or_create_skillbank, shutdown_skillbank
     from skillbank_service.critics import build_critic
 
     u = cfg.uniskill
@@ -282,11 +265,10 @@ def make_stage(cfg: TrainConfig, workers: Sequence) -> UniSkillStage | None:
         # with the bank the run had built (and the history survives the run for inspection).
         bank_cfg = bank_cfg.model_copy(update={"data_dir": str(Path(cfg.run.output_dir).resolve() / "skillbank")})
     handle = get_or_create_skillbank(bank_cfg, namespace=cfg.ray.namespace or cfg.run.name, detached=u.detached)
-    bank = RemoteBank(handle)
     critic = None
     if switches(u)["proposer"]:
         gen = policy_generate(workers, tokenizer, max_tokens=u.bank.llm.max_tokens) if u.bank.critic == "policy" else None
         critic = build_critic(u.bank.critic, llm=u.bank.llm, generate=gen)
-    return UniSkillStage(cfg, bank=bank, critic=critic, tokenizer=tokenizer,
+    return UniSkillStage(cfg, bank=RemoteSkillBank(handle), critic=critic, tokenizer=tokenizer,
                          generate=lambda prompts, seed: generate_proposals(workers, prompts, u, seed=seed),
                          close=None if u.detached else lambda: shutdown_skillbank(handle))

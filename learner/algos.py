@@ -1,4 +1,4 @@
-"""GRPO math as pure torch functions (ALGORITHMS.md S1, after verl core_algos and verl-agent).
+"""GRPO math as pure torch functions (docs/algorithms.md S1, after verl core_algos and verl-agent).
 
 Conventions: B rows (one row = one environment turn), L response positions; `mask` is the (B, L)
 response mask (1 on generated tokens incl. EOS, 0 on padding; the prompt is never in it).
@@ -13,7 +13,7 @@ Departures from verl, on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -191,7 +191,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     k1 = logp - ref; abs = |k1|; k2 = k1^2 / 2; k3 = e^x - x - 1 with x = clamp(ref - logp, +-20),
     clamped to [-10, 10]. A trailing "+" (e.g. "k3+") is straight-through: the forward value of
     the named estimator with the k2 gradient (the reverse-KL gradient; plain k3 as a loss gives
-    the forward-KL gradient on on-policy samples, ALGORITHMS.md a.4).
+    the forward-KL gradient on on-policy samples, docs/algorithms.md a.4).
     """
     straight_through = kind.endswith("+")
     base = kind.removesuffix("+")
@@ -310,11 +310,3 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     """sum(mask * values) / sum(mask) as a float (0 for an empty mask)."""
     return float((values * mask).sum() / mask.sum().clamp_min(1e-12))
-
-
-def repeated_ngram_ratio(token_ids: Sequence[int], *, n: int = 4) -> float:
-    """Share of a response's n-grams that repeat an earlier n-gram of the same response:
-    (count - distinct) / count, 0 when the response has fewer than n tokens (SMRC-SD's
-    "repeated 4-gram ratio" health metric)."""
-    grams = [tuple(token_ids[i : i + n]) for i in range(len(token_ids) - n + 1)]
-    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0

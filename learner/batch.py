@@ -85,7 +85,7 @@ def teacher_rows(rows: Sequence[TrainRow]) -> list[TrainRow]:
     """The teacher-context copies of the rows that have `teacher_prompt_ids`, in order: the same
     row with `prompt_ids` replaced by the teacher prompt (response ids, sampler log-probs and
     `allowed_token_ids` unchanged), so `collate_rows` of them scores the IDENTICAL responses
-    under the teacher context (ALGORITHMS.md d)."""
+    under the teacher context (docs/algorithms.md d)."""
     return [
         r.model_copy(update={"prompt_ids": r.teacher_prompt_ids, "teacher_prompt_ids": None})
         for r in rows

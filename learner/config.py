@@ -16,7 +16,7 @@ SDDenominator = Literal["all_tokens", "matched_tokens"]
 
 
 class DistillConfig(BaseModel):
-    """SMRC-SD routed self-distillation (ALGORITHMS.md S2): L = L_GRPO + lambda_SD * L_SD on the
+    """SMRC-SD routed self-distillation (docs/algorithms.md S2): L = L_GRPO + lambda_SD * L_SD on the
     rows whose `TrainRow.teacher_prompt_ids` is set. The teacher is theta_old (the weights at step
     start) scoring the identical response ids under the teacher prompt, no grad."""
 
@@ -48,7 +48,7 @@ class DistillConfig(BaseModel):
 
 
 class ProposerLossConfig(BaseModel):
-    """UniSkill's proposer loss and its rewards (ALGORITHMS.md S3, S4): L = L_actor + lambda_prop *
+    """UniSkill's proposer loss and its rewards (docs/algorithms.md S3, S4): L = L_actor + lambda_prop *
     (L_pg + beta_kl * L_KL + c_sup * L_sup), one optimiser step for both. PPO clip constants are
     the actor's (clip_ratio_low/high/c); the proposer has no entropy term."""
 
@@ -107,7 +107,7 @@ class ProposerLossConfig(BaseModel):
 
 
 class LearnerConfig(BaseModel):
-    """GRPO learner hyperparameters (ALGORITHMS.md S1) and the optimiser/engine settings."""
+    """GRPO learner hyperparameters (docs/algorithms.md S1) and the optimiser/engine settings."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 

@@ -1,8 +1,8 @@
-"""SMRC-SD routed self-distillation as pure torch functions (ALGORITHMS.md c, S2).
+"""SMRC-SD routed self-distillation as pure torch functions (docs/algorithms.md c, S2).
 
 Conventions as in `learner.algos`: B rows (one row = one environment turn), L response positions,
 `mask` the (B, L) response mask, `match` the (B,) routing flag M_i. Teacher and theta_old
-log-probs are per sampled token, (B, L), and always detached here (ALGORITHMS.md c, pitfall 4).
+log-probs are per sampled token, (B, L), and always detached here (docs/algorithms.md c, pitfall 4).
 
 - `sd_reverse_kl_terms`: Skill-SD's per-token w * k3, whose gradient is w * (logp - teacher) *
   grad logp: the importance-weighted sampled-token reverse-KL gradient (pitfalls 1-3: dropping w
@@ -16,7 +16,6 @@ log-probs are per sampled token, (B, L), and always detached here (ALGORITHMS.md
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -169,8 +168,8 @@ class RoutedSDLoss:
 
     form: "rkl" (Skill-SD w * k3, default) or "sdar" (gated ablation, `beta`).
     denominator: "all_tokens" uses `view.global_num_tokens` (the mini-batch's weighted valid
-    tokens on all ranks). "matched_tokens" needs the mini-batch's matched-token count, which the
-    view does not carry: pass `matched_denominator(view) -> float` for it.
+    tokens on all ranks), "matched_tokens" `view.global_matched_tokens` (the same over the rows
+    with a teacher prompt).
     `total_steps` + `warm_down` give the linear warm-down of `lam` over train steps.
 
     `stats()` returns token-weighted diagnostics accumulated since the last `set_teacher`:
@@ -190,20 +189,16 @@ class RoutedSDLoss:
         beta: float = 5.0,
         warm_down: bool = False,
         total_steps: int = 0,
-        matched_denominator: Callable[[MicroBatchView], float] | None = None,
     ) -> None:
         if form not in ("rkl", "sdar"):
             raise ValueError(f"unknown SD form {form!r}; known: ('rkl', 'sdar')")
         if denominator not in _DENOMINATORS:
             raise ValueError(f"unknown SD denominator {denominator!r}; known: {_DENOMINATORS}")
-        if denominator == "matched_tokens" and matched_denominator is None:
-            raise ValueError("denominator='matched_tokens' needs matched_denominator(view)")
         if warm_down and total_steps <= 0:
             raise ValueError("warm_down needs total_steps > 0")
         self.lam, self.form, self.denominator = lam, form, denominator
         self.ratio_clamp, self.neg_clamp, self.beta = ratio_clamp, neg_clamp, beta
         self.warm_down, self.total_steps = warm_down, total_steps
-        self.matched_denominator = matched_denominator
         self.teacher_logp: torch.Tensor | None = None
         self.match: torch.Tensor | None = None
         self.step = 0
@@ -239,7 +234,7 @@ class RoutedSDLoss:
             )
         else:
             per_token = sdar_gated_terms(logp, teacher, beta=self.beta)
-        den = view.global_num_tokens if self.denominator == "all_tokens" else self.matched_denominator(view)
+        den = view.global_num_tokens if self.denominator == "all_tokens" else view.global_matched_tokens
         loss = routed_sd_loss(
             per_token, mask, match, denominator=self.denominator, global_denominator=den,
             row_weights=view.row_weights,

@@ -1,17 +1,26 @@
-"""Bookkeeping for `LearnerWorker.train_step`: stage timing, per-rank sums, the StepMetrics."""
+"""Bookkeeping for `LearnerWorker.train_step`: stage timing, per-rank sums, the StepMetrics, and
+the text health metric `repeated_ngram_ratio` (also used by `deploy.metrics` on rollouts)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from learner.algos import kl_penalty, repeated_ngram_ratio
+from learner.algos import kl_penalty
 from learner.types import StageSeconds, StepMetrics, TokenBatch
+
+
+def repeated_ngram_ratio(token_ids: Sequence[int], *, n: int = 4) -> float:
+    """Share of a response's n-grams that repeat an earlier n-gram of the same response:
+    (count - distinct) / count, 0 when the response has fewer than n tokens (SMRC-SD's
+    "repeated 4-gram ratio" health metric)."""
+    grams = [tuple(token_ids[i : i + n]) for i in range(len(token_ids) - n + 1)]
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
 @dataclass(frozen=True)

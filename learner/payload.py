@@ -1,4 +1,4 @@
-"""Which response tokens carry the action payload (ALGORITHMS.md S4: R_align scores only the text
+"""Which response tokens carry the action payload (docs/algorithms.md S4: R_align scores only the text
 between "<action>" and "</action>", never the think tokens or the tags).
 
 Chosen approach: when a `TrainRow` has no `payload_mask`, the learner derives it from the

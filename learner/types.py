@@ -40,7 +40,7 @@ class TrainRow(BaseModel):
     """SMRC-SD: the teacher-context prompt of this turn (routed turns only; None = no
     distillation). The learner scores the identical response ids under it, no grad, at θ_old."""
     payload_mask: tuple[bool, ...] | None = None
-    """UniSkill R_align (ALGORITHMS.md S4): one flag per response id, True inside the
+    """UniSkill R_align (docs/algorithms.md S4): one flag per response id, True inside the
     `<action>...</action>` payload (tags and think tokens excluded). None = the learner derives it
     from the tokenizer when the row is an alignment anchor (`learner.payload`)."""
 
@@ -68,7 +68,7 @@ OP_ORDER: tuple[ProposalOp, ...] = ("no_edit", "add", "update")
 
 
 class ProposalRow(BaseModel):
-    """One UniSkill proposer sample (ALGORITHMS.md S3), token-in/token-out.
+    """One UniSkill proposer sample (docs/algorithms.md S3), token-in/token-out.
 
     `response_ids` are the generated tokens (EOS included); a prefilled "<action>" is the end of
     `prompt_ids`, not part of the response, so it never carries an advantage. `op_position` is
@@ -208,7 +208,8 @@ class MicroBatchView:
     """What an extra loss term sees for one micro-batch of the PPO update (B_m rows, L_m columns;
     the micro-batch is trimmed, so L_m <= L_r of the full batch; `batch.row_index` maps its rows
     back to the rows given to `train_step`). `batch` stays on the CPU; the tensors below are on
-    the training device."""
+    the training device. The `global_*` counts are over the whole mini-batch on all ranks, so a
+    term aggregated with them sums to the full-batch value over micro-batches and ranks."""
 
     batch: TokenBatch
     logp: torch.Tensor  # (B_m, L_m) float32 with grad: current policy
@@ -216,19 +217,53 @@ class MicroBatchView:
     advantages: torch.Tensor  # (B_m, L_m) float32: GRPO advantage broadcast over the response mask
     row_weights: torch.Tensor  # (B_m,) float32: row weighting (0 for padding rows of uneven ranks)
     global_num_tokens: float  # weighted response tokens of the whole mini-batch on all ranks
+    global_matched_tokens: float = 0.0
+    """The same over the mini-batch's rows with a `teacher_prompt_ids` (SMRC-SD's M_i = 1; the
+    "matched_tokens" SD denominator); 0 when the step has no teacher pass."""
+
+
+Chunk = tuple["torch.Tensor", bool]
+"""One micro-batch: (row indices, real); real=False is a zero-weight padding micro-batch that
+only keeps the ranks' forward/backward counts equal (`learner.sharding`)."""
 
 
 class ExtraLoss(Protocol):
-    """Seam for additional loss terms (SMRC-SD routed distillation, UniSkill proposer loss).
+    """Seam for an additional loss term on the actor's micro-batches (SMRC-SD routed distillation,
+    `learner.distill.RoutedSDLoss`).
 
-    Called once per micro-batch; must return a scalar already aggregated with global
+    Called once per actor micro-batch; must return a scalar already aggregated with global
     denominators (e.g. sum(m * l) / view.global_num_tokens) and already multiplied by its
-    coefficient. It is added to the GRPO loss before backward and logged under `name`.
+    coefficient. It is added to the GRPO loss before backward and logged under `name`
+    (`StepMetrics.extra_losses`). A hook with a `sums() -> dict[str, float]` method (this rank's
+    raw diagnostic sums) also has them summed over ranks into the step's sums as `name/key`, where
+    its method's metrics read them (e.g. `learner.teacher_pass.sd_metrics`).
     """
 
     name: str
 
     def __call__(self, view: MicroBatchView) -> torch.Tensor: ...
+
+
+class AuxiliaryLoss(Protocol):
+    """Seam for an additional loss term on rows of its own, the sibling of `ExtraLoss` (UniSkill's
+    proposer loss on the proposal rows, `learner.proposer_loss.ProposerLoss`).
+
+    Optimiser step k (actor mini-batch k) backpropagates the actor micro-batches, then each of
+    `micro_batches(k)` (this rank's share of the term's rows for step k, padded to the same count
+    on every rank) through `__call__(rows, real, k)`, then steps once. Same contract as
+    `ExtraLoss`: a scalar already aggregated with global denominators and multiplied by its
+    coefficient; a padding micro-batch (real=False) must contribute exactly 0. Its value is added
+    to the step's `loss`; `sums()` (this rank's raw sums) are summed over ranks as `name/key`
+    (e.g. `learner.proposer_loss.proposal_metrics`).
+    """
+
+    name: str
+
+    def micro_batches(self, k: int) -> list[Chunk]: ...
+
+    def __call__(self, rows: torch.Tensor, real: bool, k: int) -> torch.Tensor: ...
+
+    def sums(self) -> dict[str, float]: ...
 
 
 class StageSeconds(BaseModel):

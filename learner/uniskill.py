@@ -1,4 +1,4 @@
-"""UniSkill's proposer-side math as pure torch functions (ALGORITHMS.md S3, S4). No IO, no config
+"""UniSkill's proposer-side math as pure torch functions (docs/algorithms.md S3, S4). No IO, no config
 objects: tensors and keyword scalars in, tensors or small frozen records out.
 
 - `whiten_rewards`: REINFORCE++ batch whitening of one scalar reward per proposal.

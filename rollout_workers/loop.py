@@ -9,17 +9,14 @@ at `max_turns` ("step_limit").
 
 If the pools hold fewer slots than tasks x G, tasks run in waves of whole groups.
 
-Per env (`task.env`): the prompt renderer (ALFWorld: `prompts.render_alfworld_message`; WebShop:
-`prompts_webshop.render_webshop_message`, task = the instruction shown on the reset page), the
-projection's fallback length and the constrained-decoding choices (`parsing.constrained_choices`).
-An env that reports a raw `score` in its step info (WebShop) has the last one stored as
-`Trajectory.task_score`.
+Per env (`task.env`, `rollout_workers.env_profiles`): the prompt renderer and task line (WebShop:
+the instruction shown on the reset page), the projection's fallback length and the
+constrained-decoding choices. An env that reports a raw `score` in its step info (WebShop) has
+the last one stored as `Trajectory.task_score`.
 
 UniSkill: `skill_texts` (task_id -> retrieved skill text, or None) fills the actor prompt's skill
 slot of every episode of that task (`prompts.render_skill_block`); without it (or with None for a
 task) prompts are verl-agent's.
-
-Seam: `signature_fn` (SMRC-SD's state tracker) stamps each turn's `StateSignature`; None now.
 """
 
 from __future__ import annotations
@@ -34,11 +31,11 @@ from typing import Protocol
 from envs.types import EndReason, EnvStep, TaskSpec
 from rollout_workers.config import RolloutConfig
 from rollout_workers.engines.base import Engine, derive_seed
-from rollout_workers.parsing import ParsedAction, constrained_choices, parse_action
+from rollout_workers.env_profiles import rollout_profile
+from rollout_workers.parsing import ParsedAction
 from rollout_workers.prompts import render_prompt_ids
 from rollout_workers.turn_messages import render_message, task_text
 from rollout_workers.types import Generation, RolloutStats, Trajectory, Turn
-from routing.types import StateSignature
 
 
 class EnvPoolClient(Protocol):
@@ -52,17 +49,10 @@ class EnvPoolClient(Protocol):
     def step(self, slots: list[int], actions: list[str]) -> list[EnvStep]: ...
 
 
-class SignatureFn(Protocol):
-    """State signature of the turn about to be played: `observations[-1]` is the current
-    observation, `actions` the actions sent so far (one fewer than observations)."""
-
-    def __call__(
-        self, task: TaskSpec, observations: Sequence[str], actions: Sequence[str]
-    ) -> StateSignature | None: ...
-
-
 @dataclass
-class _Episode:
+class _LiveEpisode:
+    """An episode in play (mutated turn by turn); `_trajectory` freezes it when it ends."""
+
     task: TaskSpec
     group_id: str
     traj_id: str
@@ -102,7 +92,6 @@ def run_episodes(
     cfg: RolloutConfig,
     temperature: float,
     seed: int,
-    signature_fn: SignatureFn | None = None,
     skill_texts: Mapping[str, str | None] | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Play `group_size` episodes of every task; trajectories come back grouped by task.
@@ -121,7 +110,7 @@ def run_episodes(
             live = [e for e in episodes if e.live]
             if not live:
                 break
-            _play_turn(engine, live, cfg, temperature, derive_seed(seed, w, turn), counters, signature_fn)
+            _play_turn(engine, live, cfg, temperature, derive_seed(seed, w, turn), counters)
         for e in episodes:
             if e.live:  # max_turns reached before the env's own step limit
                 e.end_reason = "step_limit"
@@ -138,13 +127,13 @@ def run_episodes(
     return trajectories, stats
 
 
-def _start_wave(tasks: Sequence[TaskSpec], group_size: int, slots, counters: _Counters) -> list[_Episode]:
+def _start_wave(tasks: Sequence[TaskSpec], group_size: int, slots, counters: _Counters) -> list[_LiveEpisode]:
     episodes = []
     for task in tasks:
         group_id = f"{task.task_id}@{task.seed}#{uuid.uuid4().hex[:10]}"
         for k in range(group_size):
             pool, slot = slots[len(episodes)]
-            episodes.append(_Episode(task, group_id, f"{group_id}/{k}", pool, slot))
+            episodes.append(_LiveEpisode(task, group_id, f"{group_id}/{k}", pool, slot))
     t0 = time.perf_counter()
     steps = _env_call("reset", episodes, [e.task for e in episodes])
     counters.env_s += time.perf_counter() - t0
@@ -160,12 +149,11 @@ def _start_wave(tasks: Sequence[TaskSpec], group_size: int, slots, counters: _Co
 
 def _play_turn(
     engine: Engine,
-    live: list[_Episode],
+    live: list[_LiveEpisode],
     cfg: RolloutConfig,
     temperature: float,
     seed: int,
     counters: _Counters,
-    signature_fn: SignatureFn | None,
 ) -> None:
     prompts = [_prompt_ids(engine, e, cfg) for e in live]
     acting = [(e, p) for e, p in zip(live, prompts) if len(p) <= cfg.max_prompt_tokens]
@@ -175,7 +163,7 @@ def _play_turn(
     if not acting:
         return
     episodes, prompt_ids = [e for e, _ in acting], [p for _, p in acting]
-    choices = [constrained_choices(e.task.env, e.admissible, e.task_text) for e in episodes]
+    choices = [rollout_profile(e.task.env).constrained_choices(e.admissible, e.task_text) for e in episodes]
     t0 = time.perf_counter()
     gens = engine.generate(
         prompt_ids,
@@ -189,33 +177,25 @@ def _play_turn(
     counters.prompt_tokens += sum(len(p) for p in prompt_ids)
     counters.generated_tokens += sum(len(g.token_ids) for g in gens)
     parsed = [
-        parse_action(g.text, require_think=cfg.use_think, env=e.task.env) for e, g in zip(episodes, gens)
+        rollout_profile(e.task.env).parse_action(g.text, require_think=cfg.use_think)
+        for e, g in zip(episodes, gens)
     ]
-    signatures = [_signature(signature_fn, e) for e in episodes]
     t0 = time.perf_counter()
     steps = _env_call("step", episodes, [p.env_action for p in parsed])
     counters.env_s += time.perf_counter() - t0
-    for e, p, g, pa, sig, step in zip(episodes, prompt_ids, gens, parsed, signatures, steps):
-        e.turns.append(_turn(e, p, g, pa, sig, step))
+    for e, p, g, pa, step in zip(episodes, prompt_ids, gens, parsed, steps):
+        e.turns.append(_turn(e, p, g, pa, step))
         _advance(e, pa, step)
 
 
-def _prompt_ids(engine: Engine, e: _Episode, cfg: RolloutConfig) -> list[int]:
+def _prompt_ids(engine: Engine, e: _LiveEpisode, cfg: RolloutConfig) -> list[int]:
     message = render_message(e.task.env, task=e.task_text, current_observation=e.observation,
                              admissible_actions=e.admissible, history=e.history, rollout=cfg,
                              skill_text=e.skill_text)
     return render_prompt_ids(engine.tokenizer, message)  # type: ignore[arg-type]
 
 
-def _signature(signature_fn: SignatureFn | None, e: _Episode) -> StateSignature | None:
-    if signature_fn is None:
-        return None
-    return signature_fn(e.task, [o for o, _ in e.history] + [e.observation], [a for _, a in e.history])
-
-
-def _turn(
-    e: _Episode, prompt: list[int], g: Generation, pa: ParsedAction, sig: StateSignature | None, step: EnvStep
-) -> Turn:
+def _turn(e: _LiveEpisode, prompt: list[int], g: Generation, pa: ParsedAction, step: EnvStep) -> Turn:
     return Turn(
         prompt_ids=tuple(prompt),
         response_ids=g.token_ids,
@@ -230,11 +210,10 @@ def _turn(
         admissible_actions=e.admissible,
         next_observation=step.observation,
         reward=step.reward,
-        signature=sig,
     )
 
 
-def _advance(e: _Episode, pa: ParsedAction, step: EnvStep) -> None:
+def _advance(e: _LiveEpisode, pa: ParsedAction, step: EnvStep) -> None:
     e.history.append((e.observation, pa.env_action))
     e.observation, e.admissible = step.observation, tuple(step.admissible_actions)
     e.score += step.reward
@@ -247,7 +226,7 @@ def _advance(e: _Episode, pa: ParsedAction, step: EnvStep) -> None:
         e.end_reason = "won" if step.won else "ended" if not step.truncated else "step_limit"
 
 
-def _trajectory(e: _Episode, policy_version: int) -> Trajectory:
+def _trajectory(e: _LiveEpisode, policy_version: int) -> Trajectory:
     return Trajectory(
         task=e.task,
         group_id=e.group_id,
@@ -262,7 +241,7 @@ def _trajectory(e: _Episode, policy_version: int) -> Trajectory:
     )
 
 
-def _env_call(method: str, episodes: list[_Episode], payload: list) -> list[EnvStep]:
+def _env_call(method: str, episodes: list[_LiveEpisode], payload: list) -> list[EnvStep]:
     """One batched call per pool (pools in parallel); results in `episodes` order."""
     by_pool: dict[int, list[int]] = {}
     for i, e in enumerate(episodes):

@@ -3,9 +3,10 @@ never raises on model output), and the response strings constrained decoding all
 
 - The whole output is lowercased; the action is the text between the first "<action>" and the
   first "</action>", stripped.
-- Tags missing: the env receives the last `FALLBACK_CHARS[env]` characters of the (lowercased)
-  output (ALFWorld 30, WebShop 20, as upstream), which the env answers as an invalid action
-  (ALFWorld: "Nothing happens."; WebShop: the page is unchanged); the turn is invalid.
+- Tags missing: the env receives the last `fallback_chars` characters of the (lowercased)
+  output (the env's length, `rollout_workers.env_profiles`: ALFWorld 30, WebShop 20, as
+  upstream), which the env answers as an invalid action (ALFWorld: "Nothing happens."; WebShop:
+  the page is unchanged); the turn is invalid.
 - Valid only if both action tags exist, (when think is required) "<think>" and "</think>" both
   occur in the original, case-preserved output, and there is no CJK character (U+4E00-U+9FFF).
 - Departure: an empty action (e.g. "<action> </action>", or "</action>" before "<action>") is
@@ -21,11 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from envs.types import EnvName
-
 ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-FALLBACK_CHARS: dict[str, int] = {"alfworld": 30, "webshop": 20}
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
 InvalidReason = Literal["missing_action_tags", "empty_action", "missing_think_tags", "cjk_characters"]
@@ -42,15 +40,14 @@ class ParsedAction:
     reason: InvalidReason | None
 
 
-def parse_action(output: str, *, require_think: bool, env: EnvName = "alfworld") -> ParsedAction:
-    """Project one model output onto an env action (see the module docstring). Any `output` is
-    accepted; an `env` without a fallback length is a caller error (ValueError)."""
-    if env not in FALLBACK_CHARS:
-        raise ValueError(f"no action projection for env {env!r}; expected one of {sorted(FALLBACK_CHARS)}")
+def parse_action(output: str, *, require_think: bool, fallback_chars: int) -> ParsedAction:
+    """Project one model output onto an env action (see the module docstring); any `output` is
+    accepted. `fallback_chars`: how much of an untagged output the env receives (the env's
+    `RolloutEnvProfile.parse_action` passes its own)."""
     lowered = output.lower()
     start, end = lowered.find(ACTION_OPEN), lowered.find(ACTION_CLOSE)
     if start == -1 or end == -1:
-        return ParsedAction(lowered[-FALLBACK_CHARS[env] :], None, False, "missing_action_tags")
+        return ParsedAction(lowered[-fallback_chars:], None, False, "missing_action_tags")
     action = lowered[start + len(ACTION_OPEN) : end].strip()
     reason: InvalidReason | None = None
     if not action:
@@ -96,25 +93,23 @@ def webshop_search_queries(instruction: str) -> list[str]:
     return list(dict.fromkeys(q for q in (" ".join(words), phrase, full) if q))
 
 
-def constrained_choices(env: EnvName, admissible: Sequence[str], instruction: str) -> list[str]:
-    """The full responses ("<action>..</action>") constrained decoding allows on one turn.
+def alfworld_choices(admissible: Sequence[str], instruction: str) -> list[str]:
+    """ALFWorld's constrained responses: every admissible command except `help`."""
+    return [action_choice(a) for a in admissible if a != "help"]
 
-    ALFWorld: every admissible command except `help`. WebShop: every `click[...]`; in place of
-    the free-text "search[<your query>]" (offered when the page has a search bar), one
-    `search[q]` per query of `webshop_search_queries(instruction)`. Free text cannot be
-    constrained here because both engines constrain to a finite choice list (the HF engine's
-    token trie; vLLM's `choice` structured output, whose allowed ids are replayed from the same
-    trie), so WebShop searches are limited to those instruction-derived queries.
+
+def webshop_choices(admissible: Sequence[str], instruction: str) -> list[str]:
+    """WebShop's constrained responses: every `click[...]`; in place of the free-text
+    "search[<your query>]" (offered when the page has a search bar), one `search[q]` per query of
+    `webshop_search_queries(instruction)`. Free text cannot be constrained here because both
+    engines constrain to a finite choice list (the HF engine's token trie; vLLM's `choice`
+    structured output, whose allowed ids are replayed from the same trie), so WebShop searches
+    are limited to those instruction-derived queries.
     """
-    match env:
-        case "alfworld":
-            return [action_choice(a) for a in admissible if a != "help"]
-        case "webshop":
-            out = []
-            for a in admissible:
-                if a == WEBSHOP_SEARCH_PLACEHOLDER:
-                    out += [action_choice(f"search[{q}]") for q in webshop_search_queries(instruction)]
-                else:
-                    out.append(action_choice(a))
-            return list(dict.fromkeys(out))
-    raise ValueError(f"no constrained choices for env {env!r}")
+    out = []
+    for a in admissible:
+        if a == WEBSHOP_SEARCH_PLACEHOLDER:
+            out += [action_choice(f"search[{q}]") for q in webshop_search_queries(instruction)]
+        else:
+            out.append(action_choice(a))
+    return list(dict.fromkeys(out))

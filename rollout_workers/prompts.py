@@ -23,6 +23,7 @@ empty / whitespace-only) skill the message is byte-identical to verl-agent's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -115,12 +116,9 @@ def quote_skill(skill_text: str | None) -> str:
 
 
 def _replace_ci(text: str, old: str, new: str) -> str:
-    """`text` with every case-insensitive occurrence of `old` replaced by `new`."""
-    out, lowered, start = [], text.lower(), 0
-    while (i := lowered.find(old, start)) != -1:
-        out += [text[start:i], new]
-        start = i + len(old)
-    return "".join(out) + text[start:]
+    """`text` with every case-insensitive occurrence of `old` replaced by `new`. Matched in the
+    text itself: offsets into `text.lower()` drift where a character lowercases to two ("\u0130")."""
+    return re.sub(re.escape(old), lambda _m: new, text, flags=re.IGNORECASE)
 
 
 class ChatTokenizer(Protocol):

@@ -1,4 +1,4 @@
-"""UniSkill's proposer role of the policy (ALGORITHMS.md S3), pure: which trajectories become
+"""UniSkill's proposer role of the policy (docs/algorithms.md S3), pure: which trajectories become
 proposer inputs, how the proposer prompt is written, and how its output is parsed.
 
 The proposer is the same model as the actor. Its prompt shows the source trajectory, an
@@ -37,6 +37,7 @@ PREFILL = "<action>"
 ACTION_CLOSE = "</action>"
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)
+_SKILL_CLOSE = re.compile(re.escape("</skill>"), re.IGNORECASE)
 
 ProposalInvalid = Literal[
     "missing_action_tags", "unknown_op", "illegal_update", "empty_skill", "skill_too_long"
@@ -92,7 +93,9 @@ def render_trajectory(turns: Sequence[TurnText], *, won: bool, max_chars: int) -
             break
         kept.pop(0)
         dropped += 1
-    return text if len(text) <= max_chars else text[: max(max_chars - 3, 0)] + "..."
+    if len(text) <= max_chars:
+        return text
+    return text[: max_chars - 3] + "..." if max_chars > 3 else text[:max_chars]
 
 
 # ---- the prompt ---------------------------------------------------------------------------------
@@ -235,8 +238,8 @@ def _unwrap_skill(rest: str) -> str:
     lowered = text.lower()
     if lowered.startswith("<skill>"):
         text = text[len("<skill>") :]
-        close = text.lower().rfind("</skill>")
-        text = text[:close] if close != -1 else text
+        closes = list(_SKILL_CLOSE.finditer(text))  # in the text itself: lower() can lengthen it
+        text = text[: closes[-1].start()] if closes else text
     return text.strip()
 
 

@@ -1,32 +1,26 @@
 """The actor's per-turn user message for any environment, in one place: the rollout loop renders
 live turns with it, and the learner-side re-renderings (SMRC-SD's teacher prompts, UniSkill's
 swapped-skill prompts) rebuild recorded turns with it, so all of them share the renderer, task
-line and history the loop used."""
+line and history the loop used (each env's from `rollout_workers.env_profiles`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from envs.types import EnvName, TaskSpec
+from envs.types import TaskSpec
 from rollout_workers.config import RolloutConfig
-from rollout_workers.prompts import render_alfworld_message, task_description
-from rollout_workers.prompts_webshop import render_webshop_message, webshop_instruction
+from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.types import Trajectory
 
 
 def task_text(task: TaskSpec, reset_observation: str) -> str:
     """The prompt's task line, read from the reset observation (the TaskSpec's instruction when
     the observation does not show it)."""
-    match task.env:
-        case "alfworld":
-            return task_description(reset_observation) or task.instruction
-        case "webshop":
-            return webshop_instruction(reset_observation) or task.instruction
-    raise ValueError(f"no prompt template for env {task.env!r}")
+    return rollout_profile(task.env).task_text(task, reset_observation)
 
 
 def render_message(
-    env: EnvName,
+    env: str,
     *,
     task: str,
     current_observation: str,
@@ -37,7 +31,7 @@ def render_message(
     teacher_context: str | None = None,
 ) -> str:
     """One turn's user message with `env`'s verl-agent template."""
-    render = render_webshop_message if env == "webshop" else render_alfworld_message
+    render = rollout_profile(env).render_message
     return render(task=task, current_observation=current_observation, admissible_actions=admissible_actions,
                   history=history, history_length=rollout.history_length, use_think=rollout.use_think,
                   skill_text=skill_text, teacher_context=teacher_context)

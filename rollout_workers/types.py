@@ -4,20 +4,30 @@ Token-in/token-out: `response_ids` are exactly the ids the engine sampled and `s
 are the engine's log-probabilities of those ids under the distribution they were sampled from
 (the constrained distribution when `allowed_token_ids` is set). Nothing downstream re-tokenises
 decoded text.
+
+Archived trajectories stay loadable: keys of fields these contracts no longer carry (a turn's
+`signature` and `skill_ids`, a trajectory's `skill_bank_version`) are dropped when a JSON record is
+validated; any other unknown key is still an error.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envs.types import EndReason, TaskSpec
-from routing.types import StateSignature
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _drop_retired(data: Any, keys: tuple[str, ...]) -> Any:
+    """`data` without the retired `keys` (archived records may hold them; they are ignored)."""
+    if isinstance(data, dict) and any(k in data for k in keys):
+        return {k: v for k, v in data.items() if k not in keys}
+    return data
 
 
 class Turn(_Frozen):
@@ -43,8 +53,11 @@ class Turn(_Frozen):
     """The env's admissible commands the prompt listed (lets a teacher prompt be re-rendered)."""
     next_observation: str
     reward: float = 0.0
-    signature: StateSignature | None = None
-    skill_ids: tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_keys(cls, data: Any) -> Any:
+        return _drop_retired(data, ("signature", "skill_ids"))
 
     @model_validator(mode="after")
     def _aligned(self) -> Turn:
@@ -73,9 +86,13 @@ class Trajectory(_Frozen):
         "in [0, 1], 0 without a purchase); None when the env reports none (ALFWorld)",
     )
     policy_version: int
-    skill_bank_version: int = 0
     skill_text: str | None = Field(default=None, description="UniSkill: the skill shown in every prompt of this episode")
     end_reason: EndReason
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_keys(cls, data: Any) -> Any:
+        return _drop_retired(data, ("skill_bank_version",))
 
 
 class Generation(_Frozen):
@@ -99,7 +116,7 @@ class RolloutStats(_Frozen):
 
 
 class Candidate(_Frozen):
-    """One UniSkill proposer input chosen from a rollout group (ALGORITHMS.md S3): four DISTINCT
+    """One UniSkill proposer input chosen from a rollout group (docs/algorithms.md S3): four DISTINCT
     trajectories of the same task and retrieved skill. The source and the opposite-outcome
     reference go into the proposer prompt; the held-out success / failure anchors (never shown to
     the proposer) are the ones R_align scores (S4)."""

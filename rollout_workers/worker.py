@@ -13,7 +13,7 @@ from envs.types import TaskSpec
 from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.base import derive_seed
 from rollout_workers.engines.registry import make_engine
-from rollout_workers.loop import EnvPoolClient, SignatureFn, run_episodes
+from rollout_workers.loop import EnvPoolClient, run_episodes
 from rollout_workers.types import Generation, RolloutStats, Trajectory
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,6 @@ class RolloutWorker:
         rollout_cfg: RolloutConfig,
         model_path: str,
         env_pools: list[EnvPoolClient],
-        *,
-        signature_fn: SignatureFn | None = None,
     ):
         if not env_pools:
             raise ValueError("a RolloutWorker needs at least one EnvPool")
@@ -43,7 +41,6 @@ class RolloutWorker:
         self._max_model_len = engine_cfg.max_model_len
         self._pools = list(env_pools)
         self._engine = make_engine(engine_cfg, model_path, seed=rollout_cfg.seed)
-        self._signature_fn = signature_fn
         self._version = 0
         self._calls = 0
 
@@ -80,7 +77,6 @@ class RolloutWorker:
             cfg=self._cfg,
             temperature=self._cfg.temperature if temperature is None else temperature,
             seed=seed,
-            signature_fn=self._signature_fn,
             skill_texts=skill_texts,
         )
 

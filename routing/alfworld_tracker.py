@@ -1,4 +1,4 @@
-"""ALFWorld state signatures from the (action, observation) stream (ENVIRONMENTS.md 5.1).
+"""ALFWorld state signatures from the (action, observation) stream (docs/environments.md 5.1).
 
 Invariants:
 - Pure and deterministic: the signature of turn t depends only on the goal sentence and the

@@ -1,4 +1,4 @@
-"""Turn-level routing of a student episode onto a reference successful trajectory (ALGORITHMS.md S2).
+"""Turn-level routing of a student episode onto a reference successful trajectory (docs/algorithms.md S2).
 
 Conventions (both traces):
 - position t is the state the agent sees before acting: `observations[t]`, `signatures[t]`, and the

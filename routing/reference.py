@@ -1,4 +1,4 @@
-"""Reference selection for SMRC-SD routing (ALGORITHMS.md S2, "Reference source").
+"""Reference selection for SMRC-SD routing (docs/algorithms.md S2, "Reference source").
 
 Invariants:
 - a reference is a successful trajectory of the same task_id;

@@ -1,4 +1,4 @@
-"""SMRC-SD's training-only teacher context block (ALGORITHMS.md S2 "Teacher context for matched
+"""SMRC-SD's training-only teacher context block (docs/algorithms.md S2 "Teacher context for matched
 rows", S8 "context parts"). Pure and deterministic, stdlib only.
 
 The block is inserted verbatim into the student's prompt right before the current observation

@@ -1,5 +1,5 @@
 """WebShop state signatures from the (action, observation, admissible actions) stream
-(ENVIRONMENTS.md 5.2).
+(docs/environments.md 5.2).
 
 Invariants:
 - Pure and deterministic: turn t's signature depends only on the instruction, the observations

@@ -29,8 +29,9 @@ from pathlib import Path
 
 from deploy.analysis.stats import bootstrap_ci, paired_bootstrap_ci, unpaired_bootstrap_ci
 from deploy.config import TrainConfig, load_config
-from deploy.methods import Episode, TeacherRouter, with_references
+from deploy.methods import TeacherRouter, with_references
 from envs.registry import make_env
+from rollout_workers.episode import Episode
 from rollout_workers.parsing import action_choice
 from rollout_workers.types import Trajectory
 from routing.matching import RouteTrace, route

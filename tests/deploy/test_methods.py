@@ -100,3 +100,21 @@ def test_success_buffer_survives_a_checkpoint(episodes, tmp_path):
     fresh = _router(tok)
     fresh.load(tmp_path / "missing.jsonl")  # a checkpoint from a run without routing state
     assert len(fresh.buffer) == 0
+
+
+def test_buffer_from_an_archived_run_with_retired_keys_loads(episodes, tmp_path):
+    """Buffers written when turns carried `signature` / `skill_ids` and trajectories a
+    `skill_bank_version` still load; the retired keys are ignored."""
+    import json
+
+    trajs, tok = episodes
+    success = next(t for t in trajs if t.success)
+    record = success.model_dump(mode="json")
+    record["skill_bank_version"] = 3
+    for turn in record["turns"]:
+        turn["signature"] = {"env": "alfworld", "task_id": success.task.task_id, "fields": [["stage", "search_obj"]]}
+        turn["skill_ids"] = ["s1"]
+    (tmp_path / "router_buffer.jsonl").write_text(json.dumps(record) + "\n")
+    router = _router(tok)
+    router.load(tmp_path / "router_buffer.jsonl")
+    assert [e.traj for e in router.buffer.items()] == [success]

@@ -4,13 +4,14 @@ tracker and teacher prompts from the WebShop renderer."""
 
 import pytest
 
-from deploy.methods import Episode, TeacherRouter
+from deploy.methods import TeacherRouter
 from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.tasks import eval_tasks
 from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.hf_engine import HFEngine
+from rollout_workers.episode import Episode
 from rollout_workers.loop import run_episodes
 from rollout_workers.types import Generation
 

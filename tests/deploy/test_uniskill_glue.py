@@ -1,7 +1,7 @@
 """UniSkill's trainer glue (deploy/uniskill.py), pure parts, on real trajectories from the rollout
 loop (HF engine, tiny model, embedded household env) with outcomes relabelled to form groups of
 2 successes + 2 failures. The bank and the critic are small fakes (their real versions are tested in
-skillbank_service); generation through Ray is tested with fake handles."""
+skillbank_service); generation on the rollout workers is tested with fake workers."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from envs.tasks import eval_tasks
 from learner.batch import rows_from_trajectories
 from learner.types import ProposalScore
 from rollout_workers.config import EngineConfig, RolloutConfig
+from rollout_workers.engines.base import derive_seed
 from rollout_workers.prompts import SKILL_INTRO, render_prompt_ids
 from rollout_workers.proposer import op_first_token_ids
 from rollout_workers.turn_messages import recorded_turn_message
@@ -276,27 +277,55 @@ def test_scored_proposals_for_the_bank(setup):
     assert m["uniskill/candidates"] == len(prompts) + 2 and 0 < m["uniskill/parse_rate"] < 1
 
 
-def test_generate_proposals_splits_and_restores_order(monkeypatch):
-    import ray
+def test_generate_proposals_splits_and_restores_order():
+    class Workers:
+        """Two fake rollout workers: request i runs on worker "ab"[i], echoing its prompt ids."""
 
-    class Handle:
-        def __init__(self, name):
-            self.name, self.generate_proposals = name, self
+        num_workers = 2
 
-        def remote(self, batch, *, max_tokens, temperature, seed, op_choices):
-            assert max_tokens == CFG.proposer.max_tokens and temperature == CFG.proposer.temperature
-            expected = [["NO_SKILL</action>", "ADD_NEW_SKILL</action>"]] * len(batch) if CFG.proposer.constrain_op else None
-            assert op_choices == expected  # UPDATE is illegal without a retrieved skill
-            return [Generation(token_ids=tuple(p), logprobs=(0.0,) * len(p), text=self.name, finish_reason="stop")
-                    for p in batch]
+        def __init__(self):
+            self.requests = []
 
-    monkeypatch.setattr(ray, "get", lambda refs: refs)
+        def generate_proposals(self, requests):
+            self.requests += requests
+            return [[Generation(token_ids=tuple(p), logprobs=(0.0,) * len(p), text="ab"[i], finish_reason="stop")
+                     for p in r.prompt_ids] for i, r in enumerate(requests)]
+
     prompts = [us.ProposerPrompt(candidate=None, prompt_ids=(i, i), legal=(True, True, False), skill=None,  # type: ignore[arg-type]
                                  task_type="x", source_text="") for i in range(5)]
-    gens = us.generate_proposals([Handle("a"), Handle("b")], prompts, CFG, seed=0)
+    workers = Workers()
+    gens = us.generate_proposals(workers, prompts, CFG, seed=0)
     assert [g.token_ids for g in gens] == [(i, i) for i in range(5)]
     assert [g.text for g in gens] == ["a", "b", "a", "b", "a"]
-    assert us.generate_proposals([Handle("a")], [], CFG, seed=0) == []
+    expected = [["NO_SKILL</action>", "ADD_NEW_SKILL</action>"]] if CFG.proposer.constrain_op else None
+    for i, r in enumerate(workers.requests):  # UPDATE is illegal without a retrieved skill
+        assert (r.max_tokens, r.temperature) == (CFG.proposer.max_tokens, CFG.proposer.temperature)
+        assert r.seed == derive_seed(0, i) and r.op_choices == (expected * len(r.prompt_ids) if expected else None)
+    assert us.generate_proposals(workers, [], CFG, seed=0) == [] and len(workers.requests) == 2
+    one = us.proposal_requests(prompts[:1], 2, CFG, seed=0)
+    assert [r.prompt_ids for r in one] == [[[0, 0]]]  # a worker without prompts gets no request
+
+
+def test_policy_critic_generates_greedily_on_the_first_worker(setup):
+    from deploy.uniskill_stage import policy_generate
+
+    tok = setup[2]
+
+    class Workers:
+        num_workers = 2
+
+        def __init__(self):
+            self.requests = []
+
+        def generate_proposals(self, requests):
+            self.requests += requests
+            return [[Generation(token_ids=(1,), logprobs=(0.0,), text="verdict", finish_reason="stop")]]
+
+    workers = Workers()
+    assert policy_generate(workers, tok, max_tokens=7)("judge this") == "verdict"
+    (r,) = workers.requests
+    assert r.prompt_ids == [render_prompt_ids(tok, "judge this")]
+    assert (r.max_tokens, r.temperature, r.seed, r.op_choices) == (7, 0.0, 0, None)
 
 
 def test_programmatic_config_derives_the_learner_switches():

@@ -75,6 +75,7 @@ def _make_rows(*, seed: int = 0, groups: int = 2, per_group: int = 3, vocab: int
 def _surrogate_loss(worker, rows: list[TrainRow], old: list[list[float]], new: list[list[float]]) -> float:
     """Token-mean PPO surrogate of `rows` at log-probs `new` relative to `old` (both from
     `worker.score`), with the worker's GRPO advantages: lower means the update helped."""
+    from learner.actor import row_advantages
     from learner.algos import agg_loss, broadcast_advantages, ppo_policy_loss
     from learner.batch import collate_rows
 
@@ -87,7 +88,7 @@ def _surrogate_loss(worker, rows: list[TrainRow], old: list[list[float]], new: l
             out[i, : len(v)] = torch.tensor(v)
         return out
 
-    adv = broadcast_advantages(worker._advantages(batch), mask)
+    adv = broadcast_advantages(row_advantages(worker.cfg, batch), mask)
     pl = ppo_policy_loss(padded(new), padded(old), adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0)
     return agg_loss(pl.loss, mask, "token-mean").item()
 

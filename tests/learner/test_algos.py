@@ -1,4 +1,4 @@
-"""GRPO math: ALGORITHMS.md S7 "GRPO" cases 1-10 with hand-computed values, plus KL, aggregation
+"""GRPO math: docs/algorithms.md S7 "GRPO" cases 1-10 with hand-computed values, plus KL, aggregation
 modes and diagnostics. Pure torch, no model."""
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from learner.algos import (
     kl_penalty,
     penalised_scores,
     ppo_policy_loss,
-    repeated_ngram_ratio,
 )
 
 T = torch.tensor
@@ -284,9 +283,3 @@ def test_entropy_of_uniform_and_masked_logits():
     assert entropy_from_logits(torch.zeros(7)).item() == pytest.approx(math.log(7))
     masked = T([0.0, 0.0, float("-inf"), float("-inf")])
     assert entropy_from_logits(masked).item() == pytest.approx(math.log(2))
-
-
-def test_repeated_ngram_ratio():
-    assert repeated_ngram_ratio([1, 2, 3, 4, 1, 2, 3, 4]) == pytest.approx(1 / 5)
-    assert repeated_ngram_ratio([1, 2, 3]) == 0.0
-    assert repeated_ngram_ratio([5] * 6) == pytest.approx(2 / 3)

@@ -1,4 +1,4 @@
-"""Routed self-distillation math: ALGORITHMS.md S7 "SD" cases 1-5, 8, 9 on pure tensors and a
+"""Routed self-distillation math: docs/algorithms.md S7 "SD" cases 1-5, 8, 9 on pure tensors and a
 toy categorical (exact expectations by enumerating the vocabulary), plus SDAR's gated form, the
 lambda warm-down and the `ExtraLoss` hook on real collated micro-batches. No model."""
 
@@ -144,7 +144,7 @@ def test_expected_value_is_the_reverse_kl():
 
 
 def test_pitfalls_unweighted_k3_is_forward_kl_and_log_ratio_has_zero_gradient():
-    """ALGORITHMS.md c pitfalls 1-2: what the w weight is for."""
+    """docs/algorithms.md c pitfalls 1-2: what the w weight is for."""
     z, _, teacher = toy(5)
     on = torch.log_softmax(z, -1).detach()
 
@@ -348,7 +348,7 @@ def full_setup(make_rows, seed=0):
     return batch, logp, old, teacher, match
 
 
-def view_of(batch, idx, logp_full, old_full, global_num_tokens, real=True):
+def view_of(batch, idx, logp_full, old_full, global_num_tokens, real=True, global_matched_tokens=0.0):
     micro = select_rows(batch, idx)
     cols = micro.response_length
     logp = logp_full[idx, :cols].clone().requires_grad_(True)
@@ -359,6 +359,7 @@ def view_of(batch, idx, logp_full, old_full, global_num_tokens, real=True):
         torch.zeros_like(logp),
         torch.ones(len(idx)) * float(real),
         global_num_tokens,
+        global_matched_tokens,
     )
     return view, logp
 
@@ -412,13 +413,11 @@ def test_hook_warm_down_sdar_and_matched_denominator(make_rows):
     torch.testing.assert_close(hook(view_of(batch, idx, logp, old, n_tok)[0]), 0.15 * base)
     hook.set_teacher(teacher, match, step=4)
     assert hook(view_of(batch, idx, logp, old, n_tok)[0]).item() == 0.0
-    matched_hook = RoutedSDLoss(lam=1.0, denominator="matched_tokens", matched_denominator=lambda v: n_match)
+    matched_hook = RoutedSDLoss(lam=1.0, denominator="matched_tokens")
     matched_hook.set_teacher(teacher, match)
     torch.testing.assert_close(
-        matched_hook(view_of(batch, idx, logp, old, n_tok)[0]),
+        matched_hook(view_of(batch, idx, logp, old, n_tok, global_matched_tokens=n_match)[0]),
         routed_sd_loss(sd_reverse_kl_terms(logp, teacher, old), mask, match, denominator="matched_tokens"),
     )
-    with pytest.raises(ValueError):
-        RoutedSDLoss(denominator="matched_tokens")
     with pytest.raises(RuntimeError):
         RoutedSDLoss()(view_of(batch, idx, logp, old, n_tok)[0])

@@ -1,4 +1,4 @@
-"""SMRC-SD teacher pass in the learner (ALGORITHMS.md S2, d; S7 SD 2, 6, 7): teacher rows, the
+"""SMRC-SD teacher pass in the learner (docs/algorithms.md S2, d; S7 SD 2, 6, 7): teacher rows, the
 no-grad teacher scoring at theta_old, the routed "sd" loss wired through `LearnerConfig.sd`."""
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def with_teacher(rows: list[TrainRow], prompt_of) -> list[TrainRow]:
 def teacher_and_old(worker: LearnerWorker, rows: list[TrainRow]):
     batch = collate_rows(rows, pad_token_id=worker._pad_id)
     minis = worker._mini_batches(batch.num_rows)
-    old = worker._old_and_ref_logprobs(batch, minis)
-    return worker._teacher_logprobs(rows, batch, minis), old, batch
+    old = worker._old_pass(batch, worker._shards(batch, minis))
+    return worker._teacher_pass(rows, batch, minis), old, batch
 
 
 def train(tiny_model_dir, rows, coef, **kw):
@@ -72,11 +72,8 @@ def test_student_prompt_as_teacher_matches_old_and_gives_zero_sd(tiny_model_dir,
     teacher, _, batch = teacher_and_old(w, rows)
     assert teacher.match.all()
     assert not teacher.teacher_logp.requires_grad
-    recompute_old = (
-        LearnerWorker(cfg(0.0), str(tiny_model_dir))
-        ._old_and_ref_logprobs(batch, [torch.arange(batch.num_rows)])
-        .old_logp
-    )
+    w0 = LearnerWorker(cfg(0.0), str(tiny_model_dir))
+    recompute_old = w0._old_pass(batch, w0._shards(batch, [torch.arange(batch.num_rows)])).old_logp
     torch.testing.assert_close(teacher.teacher_logp, recompute_old, atol=1e-5, rtol=0)
 
     p_sd, m_sd = train(tiny_model_dir, rows, 0.5, old_logprobs=old_logprobs)

@@ -1,4 +1,4 @@
-"""UniSkill's pure math (learner/uniskill.py, learner/payload.py) against ALGORITHMS.md S7:
+"""UniSkill's pure math (learner/uniskill.py, learner/payload.py) against docs/algorithms.md S7:
 REINFORCE++ / proposer, support regulariser and R_align cases with the spec's exact numbers."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from learner.batch import collate_rows
-from learner.config import LearnerConfig
+from learner.config import DistillConfig, LearnerConfig
 from learner.logprobs import response_logits
 from learner.payload import payload_mask
 from learner.types import AlignAnchor, AlignRequest, ProposalRow, TrainRow
@@ -368,9 +368,14 @@ def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, payload: str)
 
 @pytest.mark.slow
 @pytest.mark.deepspeed
-def test_two_deepspeed_ranks_match_one_torch_rank(tiny_model_dir, tok, make_rows, free_port, tmp_path):
+@pytest.mark.parametrize("ragged", [False, True])
+def test_two_deepspeed_ranks_match_one_torch_rank(
+    tiny_model_dir, tok, make_rows, free_port, tmp_path, ragged
+):
     """Global-batch semantics over DP ranks: R_align (anchor rows owned by either rank, swapped
-    rows split over ranks), whitening over all proposals, proposer denominators over both ranks."""
+    rows split over ranks), whitening over all proposals, proposer denominators over both ranks.
+    ragged: a last mini-batch of one actor row and one proposal, and one SMRC-SD teacher row, so
+    one rank has no row, no proposal and no teacher row to train on there (padding only)."""
     import multiprocessing as mp
 
     from safetensors.torch import load_file
@@ -385,6 +390,11 @@ def test_two_deepspeed_ranks_match_one_torch_rank(tiny_model_dir, tok, make_rows
     ]
     align = [request(tok, rows, "a"), request(tok, rows, "c", "clean the mug"), request(tok, rows, "e")]
     c = cfg(micro_batch_rows=2, shuffle_rows=False, temperature=0.3, proposer={"beta_kl": 0.02})
+    if ragged:  # 3 valid proposals over 2 mini-batches: 2 + 1
+        rows = [r.model_copy(update={"teacher_prompt_ids": (5, *r.prompt_ids) if i == 0 else None})
+                for i, r in enumerate(rows)]  # fmt: skip
+        props, align = props[:3], align[:2]
+        c = c.model_copy(update={"mini_batch_rows": len(rows) - 1, "sd": DistillConfig(coef=0.3)})
     payload = json.dumps(
         {
             "rows": [r.model_dump() for r in rows],
@@ -416,7 +426,10 @@ def test_two_deepspeed_ranks_match_one_torch_rank(tiny_model_dir, tok, make_rows
             assert (s_dp[key] is None) == (one is None)
             if one is not None:
                 assert s_dp[key] == pytest.approx(one, abs=1e-5)
-    assert sum(s.r_align is not None for s in m_single.proposal_scores) == 3
+    assert sum(s.r_align is not None for s in m_single.proposal_scores) == len(align)
+    if ragged:
+        assert m_single.num_optimizer_steps == 2 and m_dp["extra_losses"]["sd"] != 0
+        assert m_dp["extra_losses"]["sd"] == pytest.approx(m_single.extra_losses["sd"], rel=1e-4, abs=1e-9)
     for key in ("prop_loss", "prop_sup_loss", "prop_kl_loss"):
         assert m_dp["extra_metrics"][key] == pytest.approx(m_single.extra_metrics[key], rel=1e-4, abs=1e-6)
     assert m_dp["loss"] == pytest.approx(m_single.loss, rel=1e-4, abs=1e-6)

@@ -13,7 +13,6 @@ from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.hf_engine import HFEngine
 from rollout_workers.loop import run_episodes
 from rollout_workers.types import Generation
-from routing.types import StateSignature
 
 ENV = EnvConfig(max_steps=4)
 
@@ -158,13 +157,3 @@ def test_waves_when_pools_are_smaller_than_the_batch(tokenizer):
     with pytest.raises(ValueError, match="group_size=3"):
         run(engine, [EnvPool(ENV, 2)], tasks, group_size=3)
 
-
-def test_signature_hook_stamps_turns(tokenizer):
-    engine = ScriptedEngine(tokenizer, lambda call, row: "<action>look</action>")
-
-    def signature(task, observations, actions):
-        assert len(observations) == len(actions) + 1
-        return StateSignature(env="alfworld", task_id=task.task_id, fields=(("step", str(len(actions))),))
-
-    trajs, _ = run(engine, [EnvPool(ENV, 2)], sample_tasks(ENV, "train", 1, seed=6), signature_fn=signature)
-    assert [u.signature.fields for u in trajs[0].turns] == [(("step", str(k)),) for k in range(4)]

@@ -6,7 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_workers.parsing import action_choice, parse_action
+from rollout_workers.env_profiles import rollout_profile
+from rollout_workers.parsing import action_choice
+
+parse_action = rollout_profile("alfworld").parse_action
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,9 @@ from envs.pool import EnvPool
 from envs.tasks import eval_tasks
 from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.hf_engine import HFEngine
+from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.loop import run_episodes
-from rollout_workers.parsing import constrained_choices, webshop_search_queries
+from rollout_workers.parsing import webshop_search_queries
 from rollout_workers.prompts import render_skill_block
 from rollout_workers.prompts_webshop import format_observation
 from rollout_workers.types import Generation
@@ -81,7 +82,7 @@ def test_hf_engine_constrained_to_clicks_and_instruction_searches(hf_engine, tas
     for t in trajs:
         assert t.task_score is not None and 0.0 <= t.task_score <= 1.0 and t.success == (t.task_score == 1.0)
         for turn in t.turns:
-            allowed = constrained_choices("webshop", turn.admissible_actions, t.task.instruction)
+            allowed = rollout_profile("webshop").constrained_choices(turn.admissible_actions, t.task.instruction)
             assert turn.response_text in allowed and turn.action_valid and turn.allowed_token_ids is not None
             if turn.action.startswith("search["):
                 assert turn.action[len("search[") : -1] in webshop_search_queries(t.task.instruction)

@@ -1,4 +1,5 @@
-"""WebShop projection (20-character fallback, never raises) and the constrained-decoding choices."""
+"""WebShop projection (20-character fallback, never raises) and the constrained-decoding choices,
+through the env profiles (`rollout_workers.env_profiles`)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_workers.parsing import (
-    action_choice,
-    constrained_choices,
-    parse_action,
-    webshop_search_queries,
-)
+from rollout_workers.env_profiles import rollout_profile
+from rollout_workers.parsing import action_choice, webshop_search_queries
+
+WEBSHOP, ALFWORLD = rollout_profile("webshop"), rollout_profile("alfworld")
 
 SYNTHETIC = (
     "i need a slim fit men's dress shirt that is machine washable with color: navy blue, and size: large, "
@@ -22,29 +21,26 @@ HUMAN = "i am looking for a queen sized bed that is black, and price lower than 
 
 def test_fallback_length_per_env():
     output = "I would like to Click The Buy Now Button right away"
-    assert parse_action(output, require_think=False, env="webshop").env_action == output.lower()[-20:]
-    assert parse_action(output, require_think=False, env="alfworld").env_action == output.lower()[-30:]
-    assert parse_action(output, require_think=False).env_action == output.lower()[-30:]  # default: ALFWorld
-    parsed = parse_action(output, require_think=False, env="webshop")
+    assert WEBSHOP.parse_action(output, require_think=False).env_action == output.lower()[-20:]
+    assert ALFWORLD.parse_action(output, require_think=False).env_action == output.lower()[-30:]
+    parsed = WEBSHOP.parse_action(output, require_think=False)
     assert not parsed.valid and parsed.reason == "missing_action_tags" and parsed.action is None
 
 
 def test_webshop_actions_are_lowercased_like_upstream():
-    parsed = parse_action(
-        "<think>ok</think><action>click[Buy Now]</action>", require_think=True, env="webshop"
-    )
+    parsed = WEBSHOP.parse_action("<think>ok</think><action>click[Buy Now]</action>", require_think=True)
     assert parsed.valid and parsed.env_action == "click[buy now]"
 
 
 def test_unknown_env_is_a_caller_error():
-    with pytest.raises(ValueError, match="no action projection for env 'sokoban'"):
-        parse_action("<action>x</action>", require_think=False, env="sokoban")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no rollout profile for env 'sokoban'; known envs: alfworld, webshop"):
+        rollout_profile("sokoban")
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=200), st.booleans())
 def test_webshop_projection_never_raises(output, think):
-    parsed = parse_action(output, require_think=think, env="webshop")
+    parsed = WEBSHOP.parse_action(output, require_think=think)
     assert parsed.valid == (parsed.reason is None)
     if parsed.action is None:
         assert parsed.env_action == output.lower()[-20:]
@@ -67,14 +63,12 @@ def test_search_queries_from_synthetic_and_human_instructions():
 
 def test_constrained_choices_replace_the_search_placeholder():
     search_page = ("search[<your query>]", "click[search]")
-    assert constrained_choices("webshop", search_page, HUMAN) == [
+    assert WEBSHOP.constrained_choices(search_page, HUMAN) == [
         action_choice(f"search[{q}]") for q in webshop_search_queries(HUMAN)
     ] + [action_choice("click[search]")]
     item_page = ("click[back to search]", "click[< prev]", "click[buy now]", "click[navy blue]")
-    assert constrained_choices("webshop", item_page, HUMAN) == [action_choice(a) for a in item_page]
-    assert constrained_choices("alfworld", ("go to desk 1", "help", "look"), "") == [
+    assert WEBSHOP.constrained_choices(item_page, HUMAN) == [action_choice(a) for a in item_page]
+    assert ALFWORLD.constrained_choices(("go to desk 1", "help", "look"), "") == [
         action_choice("go to desk 1"),
         action_choice("look"),
     ]
-    with pytest.raises(ValueError, match="no constrained choices"):
-        constrained_choices("sokoban", (), "")  # type: ignore[arg-type]

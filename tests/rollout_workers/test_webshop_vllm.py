@@ -13,8 +13,8 @@ from envs.pool import EnvPool
 from envs.tasks import eval_tasks
 from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.constraint import replay_allowed
+from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.loop import run_episodes
-from rollout_workers.parsing import constrained_choices
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 CPU_ENGINE = EngineConfig(engine="vllm", dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=2048)
@@ -37,7 +37,7 @@ def test_vllm_webshop_episodes_stay_inside_the_choices(tiny_model_dir):
     for t in trajs:
         assert t.task_score is not None
         for turn in t.turns:
-            choices = constrained_choices("webshop", turn.admissible_actions, t.task.instruction)
+            choices = rollout_profile("webshop").constrained_choices(turn.admissible_actions, t.task.instruction)
             assert turn.response_text in choices and turn.action_valid
             replayed = replay_allowed(engine.vocab_trie, choices, engine.stop_ids, turn.response_ids)
             assert turn.allowed_token_ids == replayed

@@ -1,0 +1,34 @@
+"""The few collectives the learner step needs beyond the optimiser's own (sums over data-parallel
+ranks, a barrier). Each is a no-op on one rank or without an initialised process group."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _distributed(world_size: int) -> bool:
+    return world_size > 1 and torch.distributed.is_initialized()
+
+
+def all_reduce_sums(values: dict[str, float], *, world_size: int, device: torch.device) -> dict[str, float]:
+    """Sum each named float over ranks (float64, one all-reduce in sorted key order)."""
+    if not _distributed(world_size):
+        return dict(values)
+    keys = sorted(values)
+    vec = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(vec)
+    return dict(zip(keys, vec.tolist()))
+
+
+def all_reduce_tensor(t: torch.Tensor, *, world_size: int, device: torch.device) -> torch.Tensor:
+    """Sum over ranks (float64 on `device`), back on the CPU as float32; `t` itself on one rank."""
+    if not _distributed(world_size):
+        return t
+    vec = t.to(device, torch.float64)
+    torch.distributed.all_reduce(vec)
+    return vec.float().cpu()
+
+
+def barrier(world_size: int) -> None:
+    if _distributed(world_size):
+        torch.distributed.barrier()
