@@ -99,14 +99,14 @@ class Cluster:
             for w, r in zip(self.workers, requests)])
 
     def train(self, rows: Sequence, proposals: Sequence = (), align: Sequence = (), *,
-              global_step: int | None = None):
+              proposer_warmup: bool = False):
         """One learner update. Every rank gets ALL rows (advantages need whole groups; each rank
         trains on its strided share) and all UniSkill proposal rows / R_align requests (whitened
         over the global batch); returns rank 0's StepMetrics."""
         import ray
 
         refs = [ray.put(list(x)) for x in (rows, proposals, align)]
-        return ray.get([lw.train_step.remote(*refs, global_step=global_step) for lw in self.learners])[0]
+        return ray.get([lw.train_step.remote(*refs, proposer_warmup=proposer_warmup) for lw in self.learners])[0]
 
     def _export(self):
         """Every rank takes part (ZeRO-3 gathers shards); rank 0's files are the weights."""

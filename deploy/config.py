@@ -8,6 +8,7 @@ the offending key. Environment variables carry deployment facts only (Ray addres
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -123,35 +124,40 @@ class SFTConfig(_Section):
 UniSkillVariant = Literal["uniskill", "actor_only", "proposer_only", "no_r_align", "no_support_reg"]
 
 
-# The variant table of ALGORITHMS.md S8, in one place: what each UniSkill variant switches on.
-#   actor_sees_skills: the retrieved skill fills the actor's prompt slot (rollouts, R_align's s_orig)
-#   proposer: proposals are generated, trained (learner.proposer.enabled) and committed to the bank
-#   use_r_align: r_skill = clip(R_align) (false: r_skill from the critic alone; R_align is still
-#     computed because the bank's acceptance rule needs it)
-#   support_regularizer: the proposer's op-support regulariser (c_sup > 0)
-# actor_only: the same joint procedure and bank-update rule (the policy still proposes, proposals are
-# judged, scored by R_align and gated), but only the actor is trained (lambda_prop = 0).
-VARIANT_SWITCHES: dict[str, dict[str, bool]] = {
-    "uniskill": {"actor_sees_skills": True, "proposer": True, "train_proposer": True, "use_r_align": True,
-                 "support_regularizer": True},
-    "actor_only": {"actor_sees_skills": True, "proposer": True, "train_proposer": False, "use_r_align": True,
-                   "support_regularizer": True},
-    "proposer_only": {"actor_sees_skills": False, "proposer": True, "train_proposer": True, "use_r_align": True,
-                      "support_regularizer": True},
-    "no_r_align": {"actor_sees_skills": True, "proposer": True, "train_proposer": True, "use_r_align": False,
-                   "support_regularizer": True},
-    "no_support_reg": {"actor_sees_skills": True, "proposer": True, "train_proposer": True, "use_r_align": True,
-                       "support_regularizer": False},
+@dataclass(frozen=True)
+class VariantSwitches:
+    """What a UniSkill variant switches on (docs/algorithms.md S8)."""
+
+    actor_sees_skills: bool
+    """The retrieved skill fills the actor's prompt slot (rollouts, R_align's s_orig)."""
+    proposer: bool
+    """Proposals are generated, judged, scored and committed to the bank."""
+    train_proposer: bool
+    """The proposer loss is trained (lambda_prop > 0); actor_only keeps the joint procedure and
+    the bank-update rule but trains the actor alone."""
+    use_r_align: bool
+    """r_skill = clip(R_align); false: r_skill from the critic alone (R_align is still computed
+    because the bank's acceptance rule needs it)."""
+    support_regularizer: bool
+    """The proposer's op-support regulariser (c_sup > 0)."""
+
+
+VARIANT_SWITCHES: dict[UniSkillVariant, VariantSwitches] = {
+    "uniskill": VariantSwitches(True, True, True, True, True),
+    "actor_only": VariantSwitches(True, True, False, True, True),
+    "proposer_only": VariantSwitches(False, True, True, True, True),
+    "no_r_align": VariantSwitches(True, True, True, False, True),
+    "no_support_reg": VariantSwitches(True, True, True, True, False),
 }
+UNISKILL_OFF = VariantSwitches(False, False, False, False, False)
 
 
-def proposer_loss_settings(enabled: bool, variant: str, warmup_steps: int) -> dict[str, object]:
+def proposer_loss_settings(enabled: bool, variant: UniSkillVariant) -> dict[str, object]:
     """The `learner.proposer` fields that follow from the `uniskill` section (derived at load time;
     setting them by hand to something else is an error)."""
     sw = VARIANT_SWITCHES[variant]
-    return {"enabled": enabled and sw["proposer"], "warmup_steps": warmup_steps,
-            "lambda_prop": 0.5 if sw["train_proposer"] else 0.0,
-            "use_r_align": sw["use_r_align"], "support_regularizer": sw["support_regularizer"]}
+    return {"enabled": enabled and sw.proposer, "lambda_prop": 0.5 if sw.train_proposer else 0.0,
+            "use_r_align": sw.use_r_align, "support_regularizer": sw.support_regularizer}
 
 
 class ProposerConfig(_Section):
@@ -221,29 +227,45 @@ class TrainConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _derive_proposer_loss(cls, data: Any) -> Any:
-        """learner.proposer's switches follow `uniskill` (VARIANT_SWITCHES); a hand-set value that
-        disagrees names both keys."""
+    def _derive_learner_slice(cls, data: Any) -> Any:
+        """The learner's slice holds no setting of its own that another section already owns:
+        learner.proposer's switches follow `uniskill` (VARIANT_SWITCHES) and learner.sd.total_steps
+        (the lambda_SD warm-down horizon) is run.total_steps. A hand-set value that disagrees names
+        both keys. (Resolved configs of older runs carry learner.proposer.warmup_steps, now decided
+        by uniskill.bank.warmup_steps alone, and sd.total_steps 0: both are accepted.)"""
         if not isinstance(data, dict):
             return data
         raw = data.get("uniskill", {})
         try:
             u = raw if isinstance(raw, UniSkillConfig) else UniSkillConfig.model_validate(raw or {})
+            run = data.get("run", {})
+            run = run if isinstance(run, RunConfig) else RunConfig.model_validate(run or {})
         except ValidationError:
-            return data  # field validation reports the uniskill error with its key
-        derived = proposer_loss_settings(u.enabled, u.variant, u.bank.warmup_steps)
+            return data  # field validation reports the error with its key
         learner = data.get("learner", {})
-        if not isinstance(learner, dict):
+        if isinstance(learner, BaseModel):
             learner = learner.model_dump(exclude_defaults=True)
-        proposer = learner.get("proposer", {})
-        if not isinstance(proposer, dict):
-            proposer = proposer.model_dump(exclude_defaults=True)
+        proposer = learner.get("proposer", {}) if isinstance(learner, dict) else None
+        sd = learner.get("sd", {}) if isinstance(learner, dict) else None
+        proposer = proposer.model_dump(exclude_defaults=True) if isinstance(proposer, BaseModel) else proposer
+        sd = sd.model_dump(exclude_defaults=True) if isinstance(sd, BaseModel) else sd
+        if not isinstance(proposer, dict) or not isinstance(sd, dict):
+            return data  # field validation reports the malformed learner section with its key
+        derived = proposer_loss_settings(u.enabled, u.variant)
+        legacy_warmup = proposer.pop("warmup_steps", u.bank.warmup_steps)
+        if legacy_warmup != u.bank.warmup_steps:
+            raise ValueError(f"learner.proposer.warmup_steps={legacy_warmup!r} contradicts uniskill.bank.warmup_steps="
+                             f"{u.bank.warmup_steps}, which alone sets the warm-up; remove the former")
         for key, value in derived.items():
             if key in proposer and proposer[key] != value:
                 raise ValueError(f"learner.proposer.{key}={proposer[key]!r} contradicts the uniskill section "
-                                 f"(enabled={u.enabled}, variant={u.variant!r}, bank.warmup_steps="
-                                 f"{u.bank.warmup_steps}), which sets it to {value!r}; remove it and set uniskill.*")
-        return {**data, "learner": {**learner, "proposer": {**proposer, **derived}}}
+                                 f"(enabled={u.enabled}, variant={u.variant!r}), which sets it to {value!r}; "
+                                 "remove it and set uniskill.*")
+        if sd.get("total_steps", 0) not in (0, run.total_steps):
+            raise ValueError(f"learner.sd.total_steps={sd['total_steps']!r} contradicts run.total_steps="
+                             f"{run.total_steps}, which sets it; remove the former")
+        sd = {**sd, "total_steps": run.total_steps}
+        return {**data, "learner": {**learner, "proposer": {**proposer, **derived}, "sd": sd}}
 
     @model_validator(mode="after")
     def _uniskill_fits(self) -> TrainConfig:
@@ -294,9 +316,14 @@ class ConfigError(ValueError):
     """A configuration problem, phrased so the user knows which key to fix."""
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, key: str = "") -> Any:
     """YAML scalar/list parsing, plus floats YAML 1.1 leaves as strings (`3e-5`)."""
-    value = yaml.safe_load(text) if text != "" else ""
+    try:
+        value = yaml.safe_load(text) if text != "" else ""
+    except (yaml.YAMLError, ValueError, RecursionError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"override {key}={text!r}: the value is not valid YAML ({reason}); wrap it in "
+                          "quotes to pass it as text") from None
     if isinstance(value, str):
         try:
             return float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
@@ -318,7 +345,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"override {key!r}: {part!r} is a value, not a section")
             node = child
-        node[parts[-1]] = _parse_value(raw)
+        node[parts[-1]] = _parse_value(raw, key.strip())
     return tree
 
 
@@ -343,15 +370,24 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def read_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A config file as a dict. YAML files may start from another with `base: other.yaml`
     (relative to the file); keys given here override the base's, section by section."""
-    p = Path(path).resolve()
+    try:
+        p = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"config file {str(path)!r} is not a usable path ({err})") from None
     if not p.is_file():
         raise ConfigError(f"config file {path} does not exist")
     if p in _seen:
         raise ConfigError(f"config {p} includes itself through 'base'")
-    tree = (json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())) or {}
+    try:
+        text = p.read_text()
+        tree = (json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)) or {}
+    except (OSError, yaml.YAMLError, ValueError, RecursionError) as err:  # JSON and UTF-8 errors are ValueErrors
+        raise ConfigError(f"config {p} cannot be parsed: {err}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"config {p} must be a mapping at the top level")
     base = tree.pop("base", None)
+    if base and not isinstance(base, str):
+        raise ConfigError(f"config {p}: 'base' must name another config file, got {base!r}")
     return _deep_merge(read_tree(p.parent / base, (*_seen, p)), tree) if base else tree
 
 
@@ -365,18 +401,24 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
     data_path = cfg.env.data_path
-    if data_path is not None and not Path(data_path).expanduser().is_absolute():
-        # Actors (and `ray job submit` jobs, whose working dir leaves runs/ out) must see the same
-        # folder the driver meant: resolve against the driver's working directory once, here.
-        env = cfg.env.model_copy(update={"data_path": str(Path(data_path).expanduser().resolve())})
-        cfg = cfg.model_copy(update={"env": env})
+    if data_path is not None:
+        try:
+            expanded = Path(data_path).expanduser()
+            resolved = None if expanded.is_absolute() else str(expanded.resolve())
+        except (OSError, RuntimeError, ValueError) as err:  # "~unknown_user", a NUL byte, a link loop
+            raise ConfigError(f"env.data_path={data_path!r} is not a usable path ({err})") from None
+        if resolved is not None:
+            # Actors (and `ray job submit` jobs, whose working dir leaves runs/ out) must see the same
+            # folder the driver meant: resolve against the driver's working directory once, here.
+            cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"data_path": resolved})})
     return cfg
 
 
 def save_resolved(cfg: TrainConfig, run_dir: str | Path) -> Path:
     out = Path(run_dir) / "config.resolved.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(cfg.model_dump_json(indent=2))
+    # Derived fields stay out, so a resumed run with another run.total_steps derives them afresh.
+    out.write_text(cfg.model_dump_json(indent=2, exclude={"learner": {"sd": {"total_steps"}}}))
     return out
 
 

@@ -130,7 +130,8 @@ class Trainer:
         if rows:  # every episode can end before its first turn (env errors): then no update
             prop_rows, align = self.skills.learner_inputs(proposals, rows) if proposals else ([], [])
             with timer("learn"):
-                metrics = self.cluster.train(rows, prop_rows, align, global_step=step)
+                metrics = self.cluster.train(rows, prop_rows, align,
+                                             proposer_warmup=proposals is not None and proposals.warmup)
                 learn, scores = learner_log_dict(metrics), metrics.proposal_scores
             with timer("sync"):
                 self.state.policy_version += 1

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from deploy.config import VARIANT_SWITCHES, UniSkillConfig
+from deploy.config import UNISKILL_OFF, VARIANT_SWITCHES, UniSkillConfig, VariantSwitches
 from envs.types import TaskSpec
 from learner.types import AlignAnchor, AlignRequest, ProposalRow, ProposalScore, TrainRow
 from rollout_workers.config import RolloutConfig
@@ -61,11 +61,9 @@ from skillbank_service.types import (
 from skillbank_service.validation import validate_skill_text
 
 
-def switches(cfg: UniSkillConfig) -> dict[str, bool]:
+def switches(cfg: UniSkillConfig) -> VariantSwitches:
     """The variant's switches; everything off when UniSkill is disabled."""
-    if not cfg.enabled:
-        return {k: False for k in VARIANT_SWITCHES["uniskill"]}
-    return dict(VARIANT_SWITCHES[cfg.variant])
+    return VARIANT_SWITCHES[cfg.variant] if cfg.enabled else UNISKILL_OFF
 
 
 def in_warmup(cfg: UniSkillConfig, step: int) -> bool:
@@ -101,7 +99,7 @@ def actor_skill_texts(
 ) -> dict[str, str | None]:
     """task_id -> the text for the actor's skill slot: None when the variant hides skills from the
     actor (proposer_only) or at evaluation with retrieval_at_eval=false."""
-    show = switches(cfg)["actor_sees_skills"] and (cfg.retrieval_at_eval or not evaluation)
+    show = switches(cfg).actor_sees_skills and (cfg.retrieval_at_eval or not evaluation)
     return {tid: (s.text if s is not None and show else None) for tid, s in skills.items()}
 
 

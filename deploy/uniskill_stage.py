@@ -21,7 +21,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from deploy.config import TrainConfig
+from deploy.config import TrainConfig, UniSkillConfig
 from deploy.uniskill import (
     Critic,
     ProposalRequest,
@@ -44,7 +44,9 @@ from deploy.uniskill import (
     switches,
 )
 from envs.types import TaskSpec
+from learner.config import ProposerLossConfig
 from learner.types import AlignRequest, ProposalRow, ProposalScore, TrainRow
+from rollout_workers.config import RolloutConfig
 from rollout_workers.engines.base import derive_seed
 from rollout_workers.prompts import render_prompt_ids
 from rollout_workers.proposer import ParsedProposal, op_first_token_ids
@@ -150,14 +152,15 @@ class UniSkillStage:
     learner_inputs(batch, rows) -> (ProposalRows, AlignRequests); commit(batch, scores) -> metrics.
     """
 
-    def __init__(self, cfg: TrainConfig, *, bank: SkillBank, critic: Critic | None, tokenizer,
+    def __init__(self, u: UniSkillConfig, rollout: RolloutConfig, proposer_loss: ProposerLossConfig, *,
+                 bank: SkillBank, critic: Critic | None, tokenizer,
                  generate: Callable[[Sequence[ProposerPrompt], int], list[Generation]],
                  close: Callable[[], None] | None = None):
-        self.cfg, self.u = cfg, cfg.uniskill
+        self.u, self.rollout, self.proposer_loss = u, rollout, proposer_loss
         self._close = close
         self.bank, self.critic, self.tokenizer, self._generate = bank, critic, tokenizer, generate
         self.switches = switches(self.u)
-        self.op_ids = op_first_token_ids(tokenizer) if self.switches["proposer"] else None
+        self.op_ids = op_first_token_ids(tokenizer) if self.switches.proposer else None
         self.skills: dict[str, Skill | None] = {}
 
     def retrieve(self, tasks: Sequence[TaskSpec], *, evaluation: bool = False) -> dict[str, str | None]:
@@ -171,9 +174,9 @@ class UniSkillStage:
         """Candidates, proposer prompts, generation (pre-update weights) and parsing; the critic
         after warm-up. Empty when the variant has no proposer."""
         batch = ProposalBatch(step=step, warmup=in_warmup(self.u, step), trajectories=trajectories)
-        if not self.switches["proposer"]:
+        if not self.switches.proposer:
             return batch
-        seed = derive_seed(self.cfg.rollout.seed, step)
+        seed = derive_seed(self.rollout.seed, step)
         cands = build_candidates(trajectories, random.Random(seed), self.u)
         batch.prompts, too_long = proposer_prompts(cands, trajectories, self.skills, self.tokenizer, self.u)
         batch.gens = self._generate(batch.prompts, seed) if batch.prompts else []
@@ -194,15 +197,15 @@ class UniSkillStage:
         if not batch.prompts or self.op_ids is None:
             return [], []
         props = proposal_rows(batch.prompts, batch.gens, batch.parsed, batch.verdicts, self.op_ids,
-                              eta=self.cfg.learner.proposer.eta)
+                              eta=self.proposer_loss.eta)
         if batch.warmup:
             return props, []
         trained = {r.candidate_id for r in props}
         keep = [i for i, p in enumerate(batch.prompts) if p.candidate.candidate_id in trained]
         align, skipped = align_requests([batch.prompts[i] for i in keep], [batch.parsed[i] for i in keep],
                                         rows_index(rows), batch.trajectories,
-                                        self.tokenizer, self.cfg.rollout,
-                                        max_prompt_tokens=self.cfg.rollout.max_prompt_tokens)
+                                        self.tokenizer, self.rollout,
+                                        max_prompt_tokens=self.rollout.max_prompt_tokens)
         batch.metrics["uniskill/align_requests"] = float(len(align))
         batch.metrics["uniskill/align_too_long"] = float(len(skipped))
         return props, align
@@ -221,7 +224,7 @@ class UniSkillStage:
             batch.records = proposal_records(batch, scores)
             return out
         proposals = scored_proposals(batch.prompts, batch.parsed, batch.verdicts, scores, step=batch.step,
-                                     coverage_min=self.cfg.learner.proposer.coverage_min)
+                                     coverage_min=self.proposer_loss.coverage_min)
         result = self.bank.apply(proposals)
         batch.records = proposal_records(batch, scores, result.decisions)
         out.update({"uniskill/bank_version": float(result.bank_version), "uniskill/added": float(result.num_added),
@@ -266,9 +269,9 @@ def make_stage(cfg: TrainConfig, workers: ProposalWorkers) -> UniSkillStage | No
         bank_cfg = bank_cfg.model_copy(update={"data_dir": str(Path(cfg.run.output_dir).resolve() / "skillbank")})
     handle = get_or_create_skillbank(bank_cfg, namespace=cfg.ray.namespace or cfg.run.name, detached=u.detached)
     critic = None
-    if switches(u)["proposer"]:
+    if switches(u).proposer:
         gen = policy_generate(workers, tokenizer, max_tokens=u.bank.llm.max_tokens) if u.bank.critic == "policy" else None
         critic = build_critic(u.bank.critic, llm=u.bank.llm, generate=gen)
-    return UniSkillStage(cfg, bank=RemoteSkillBank(handle), critic=critic, tokenizer=tokenizer,
+    return UniSkillStage(u, cfg.rollout, cfg.learner.proposer, bank=RemoteSkillBank(handle), critic=critic, tokenizer=tokenizer,
                          generate=lambda prompts, seed: generate_proposals(workers, prompts, u, seed=seed),
                          close=None if u.detached else lambda: shutdown_skillbank(handle))

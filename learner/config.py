@@ -34,7 +34,8 @@ class DistillConfig(BaseModel):
     warm_down: bool = False
     """Linearly warm lambda_SD down from `coef` at train step 0 to 0 at `total_steps`."""
     total_steps: int = 0
-    """Train steps of the run, for `warm_down` (must be > 0 when warm_down is set)."""
+    """Train steps of the run, for `warm_down` (must be > 0 when warm_down is set); a training
+    run's config derives it from run.total_steps."""
     sdar_beta: float = 5.0
     """Gate sharpness beta of the "sdar" form: g = sigmoid(beta * (teacher_logp - logp))."""
 
@@ -70,8 +71,6 @@ class ProposerLossConfig(BaseModel):
     """beta_p: weight of the proposer's token-mean KL to the reference (0 = none)."""
     kl_type: KLType = "k3"
     """KL estimator of the proposer KL term."""
-    warmup_steps: int = 3
-    """Global steps <= warmup_steps reward r_fmt only (no critic, no R_align)."""
     coverage_min: float = 0.8
     """Both R_align anchors need scorable-step coverage |S_tau| / T_tau >= coverage_min."""
     use_r_align: bool = True
@@ -90,8 +89,6 @@ class ProposerLossConfig(BaseModel):
             raise ValueError(f"proposer.eta must be > 0, got {self.eta}")
         if not 0 < self.p_min or 3 * self.p_min >= 1:
             raise ValueError(f"proposer.p_min must satisfy 0 < p_min and 3 * p_min < 1, got {self.p_min}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"proposer.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0 < self.coverage_min <= 1:
             raise ValueError(f"proposer.coverage_min must be in (0, 1], got {self.coverage_min}")
         if not self.composite:

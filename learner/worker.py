@@ -137,12 +137,13 @@ class LearnerWorker:
         proposals: Sequence[ProposalRow] = (),
         align: Sequence[AlignRequest] = (),
         *,
-        global_step: int | None = None,
+        proposer_warmup: bool = False,
     ) -> StepMetrics:
         """One GRPO step on `rows` (the same lists on every rank), jointly with UniSkill's proposer
         loss on `proposals` (docs/algorithms.md S3) rewarded with R_align from `align` (S4).
 
-        `global_step` (1-based) decides the proposer warm-up; None = policy version + 1.
+        `proposer_warmup` (decided by the driver's UniSkill stage for the whole step): proposals
+        are rewarded with r_fmt only and `align` is ignored.
         Order: collate; one no-grad pass at theta_old (actor old/ref, SMRC-SD teacher, proposal
         old/ref, swapped-skill anchor turns); advantages (GRPO; R_align, composite reward and
         REINFORCE++ whitening over all proposals); then one optimiser step per actor mini-batch
@@ -150,7 +151,7 @@ class LearnerWorker:
         """
         proposals, align = list(proposals), list(align)
         check_uniskill_inputs(self.cfg.proposer.enabled, rows, proposals, align)
-        warmup = (self._version + 1 if global_step is None else global_step) <= self.cfg.proposer.warmup_steps
+        warmup = proposer_warmup
         align = [] if warmup else align
         clock = StageClock()
         with clock("collate_s"):

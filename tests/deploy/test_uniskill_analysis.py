@@ -214,7 +214,7 @@ def test_proposal_archive_round_trip(model_dir, tmp_path):
     task = eval_tasks(ENV, "valid_unseen", 1)[0]
     cfg = TrainConfig(uniskill=UniSkillConfig(enabled=True), rollout=RolloutConfig(group_size=4))
     bank = RecordingBank()
-    stage = UniSkillStage(cfg, bank=bank, critic=None, tokenizer=AutoTokenizer.from_pretrained(model_dir),
+    stage = UniSkillStage(cfg.uniskill, cfg.rollout, cfg.learner.proposer, bank=bank, critic=None, tokenizer=AutoTokenizer.from_pretrained(model_dir),
                           generate=lambda prompts, seed: [])
     sink = MetricsSink(tmp_path)
     warm, warm_scores = _batch(task, step=1, warmup=True)

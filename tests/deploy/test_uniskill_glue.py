@@ -5,6 +5,7 @@ skillbank_service); generation on the rollout workers is tested with fake worker
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from types import SimpleNamespace
 
@@ -70,15 +71,38 @@ def test_variant_switches_reach_the_learner_config():
         name = "uniskill" if variant == "uniskill" else variant
         cfg = load_config(f"deploy/configs/smoke_cpu_{name}.yaml")
         sw = us.switches(cfg.uniskill)
-        assert (sw["actor_sees_skills"], sw["proposer"]) == (sees, proposer)
+        assert (sw.actor_sees_skills, sw.proposer) == (sees, proposer)
         p = cfg.learner.proposer
-        assert (p.enabled, p.use_r_align, p.support_regularizer, p.warmup_steps, p.lambda_prop) == (
-            proposer, r_align, sup, 0, lam)
+        assert (p.enabled, p.use_r_align, p.support_regularizer, p.lambda_prop) == (proposer, r_align, sup, lam)
+        assert cfg.learner.sd.total_steps == cfg.run.total_steps
     both = load_config("deploy/configs/smoke_cpu_uniskill_smrc_sd.yaml")
     assert both.method.name == "smrc_sd" and both.learner.proposer.enabled
     gpu = load_config("deploy/configs/alfworld_uniskill_gpu.yaml")
-    assert gpu.uniskill.bank.warmup_steps == gpu.learner.proposer.warmup_steps == 3
-    assert not any(us.switches(UniSkillConfig()).values())
+    assert gpu.uniskill.bank.warmup_steps == 3 and not hasattr(gpu.learner.proposer, "warmup_steps")
+    assert not any(dataclasses.astuple(us.switches(UniSkillConfig())))
+
+
+def test_learner_slice_is_derived_not_duplicated():
+    from deploy.config import ConfigError
+
+    base = "deploy/configs/smoke_cpu_uniskill.yaml"
+    cfg = load_config(base, ["run.total_steps=7", "learner.sd.warm_down=true"])
+    assert cfg.learner.sd.total_steps == 7
+    with pytest.raises(ConfigError, match=r"learner.sd.total_steps=5 contradicts run.total_steps=7"):
+        load_config(base, ["run.total_steps=7", "learner.sd.total_steps=5"])
+    with pytest.raises(ConfigError, match=r"learner.proposer.warmup_steps=2 contradicts uniskill.bank.warmup_steps"):
+        load_config(base, ["learner.proposer.warmup_steps=2"])
+    # a resolved config of an older run (warm-up in both places, sd.total_steps 0) still loads
+    old = load_config(base, ["learner.proposer.warmup_steps=0", "learner.sd.total_steps=0"])
+    assert old.learner.sd.total_steps == old.run.total_steps
+
+
+def test_resolved_config_resumes_with_a_longer_run(tmp_path):
+    from deploy.config import save_resolved
+
+    saved = save_resolved(load_config("deploy/configs/smoke_cpu_smrc_sd.yaml", ["learner.sd.warm_down=true"]), tmp_path)
+    longer = load_config(saved, ["run.total_steps=9"])
+    assert longer.learner.sd.total_steps == 9 and longer.learner.sd.warm_down
 
 
 def test_config_errors_name_the_key():
@@ -366,7 +390,7 @@ def test_stage_end_to_end_with_learner_and_bank(setup, tmp_path):
             calls.append(seed)
             return [_gen(tok, t) for t in _outputs(prompts)]
 
-        stage = UniSkillStage(cfg, bank=bank, critic=FakeCritic(), tokenizer=tok, generate=generate)
+        stage = UniSkillStage(cfg.uniskill, cfg.rollout, cfg.learner.proposer, bank=bank, critic=FakeCritic(), tokenizer=tok, generate=generate)
         learner = LearnerWorker(cfg.learner, str(model))
         for step in (1, 2):
             shown = stage.retrieve(tasks)
@@ -377,7 +401,7 @@ def test_stage_end_to_end_with_learner_and_bank(setup, tmp_path):
             rows = rows_from_trajectories(trajs)
             props, align = stage.learner_inputs(batch, rows)
             assert len(props) == 4 and (align == []) == (step == 1)
-            metrics = learner.train_step(rows, props, align, global_step=step)
+            metrics = learner.train_step(rows, props, align, proposer_warmup=batch.warmup)
             scores = {s.candidate_id: s for s in metrics.proposal_scores}
             assert set(scores) == {p.candidate_id for p in props}
             if step == 2:

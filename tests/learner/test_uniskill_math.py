@@ -348,7 +348,7 @@ def test_config_defaults_and_errors():
     cfg = LearnerConfig()
     p = cfg.proposer
     assert not p.enabled and p.lambda_prop == 0.5 and p.eta == 0.05 and p.p_min == 0.1 and p.c_sup == 0.01
-    assert p.beta_kl == 0.02 and p.kl_type == "k3" and p.warmup_steps == 3 and p.coverage_min == 0.8
+    assert p.beta_kl == 0.02 and p.kl_type == "k3" and p.coverage_min == 0.8
     assert p.support_regularizer and p.use_r_align and p.composite
     with pytest.raises(ValueError, match="proposer.composite=false"):
         ProposerLossConfig(composite=False)

@@ -108,7 +108,7 @@ def test_same_skill_gives_zero_r_align(tiny_model_dir, tok):  # S7 R_align 1 thr
     w = LearnerWorker(cfg(micro_batch_rows=2), str(tiny_model_dir))
     props = [proposal(tok, "a", "add"), proposal(tok, "b", "update")]
     align = [request(tok, rows, "a", SKILL), request(tok, rows, "b", SKILL)]
-    m = w.train_step(rows, props, align, global_step=10)
+    m = w.train_step(rows, props, align)
     for s in m.proposal_scores:
         assert s.valid and s.coverage_plus == 1.0 and s.coverage_minus == 1.0
         assert abs(s.r_align) < 1e-4 and abs(s.delta_plus) < 1e-4 and abs(s.delta_minus) < 1e-4
@@ -141,7 +141,7 @@ def test_r_align_matches_independent_scoring(tiny_model_dir, tok, micro):
     sw = dict(zip([a.row_index for a in req.plus + req.minus], new))
     d_plus = j(req.plus, lambda a: sw[a.row_index]) - j(req.plus, lambda a: orig[a.row_index])
     d_minus = j(req.minus, lambda a: sw[a.row_index]) - j(req.minus, lambda a: orig[a.row_index])
-    m = w.train_step(rows, [proposal(tok, "a", "add")], [req], global_step=4)
+    m = w.train_step(rows, [proposal(tok, "a", "add")], [req])
     (s,) = m.proposal_scores
     assert s.delta_plus == pytest.approx(d_plus, abs=1e-5) and s.delta_minus == pytest.approx(
         d_minus, abs=1e-5
@@ -161,7 +161,7 @@ def test_sampler_mode_reuses_the_sampler_logprobs_for_s_orig(tiny_model_dir, tok
         [rows[a.row_index].model_copy(update={"prompt_ids": a.swapped_prompt_ids}) for a in req.plus]
     )
     j_swapped = sum(_payload_mean(v, rows[a.row_index], tok) for v, a in zip(swapped, req.plus)) / 3
-    m = w.train_step(rows, [proposal(tok, "a", "add")], [req], global_step=4)
+    m = w.train_step(rows, [proposal(tok, "a", "add")], [req])
     assert m.proposal_scores[0].delta_plus == pytest.approx(j_swapped - (-1.0), abs=1e-5)
 
 
@@ -189,7 +189,7 @@ def test_rewards_gates_and_whitening(tiny_model_dir, tok):
         request(tok, rows, "unsup"),
         request(tok, rows, "zh"),
     ]
-    m = w.train_step(rows, props, align, global_step=4)
+    m = w.train_step(rows, props, align)
     s = {p.candidate_id: p for p in m.proposal_scores}
     assert [p.candidate_id for p in m.proposal_scores] == [p.candidate_id for p in props]
     assert s["ok"].valid and s["ok"].r_align is not None
@@ -225,10 +225,10 @@ def test_warmup_uses_r_fmt_only(tiny_model_dir, tok):
         proposal(tok, "b", None, op_position=None),
         proposal(tok, "c", "no_edit"),
     ]
-    m = w.train_step(rows, props, [request(tok, rows, "a")])  # version 0 -> global step 1 <= 3
+    m = w.train_step(rows, props, [request(tok, rows, "a")], proposer_warmup=True)
     assert [s.reward for s in m.proposal_scores] == [ETA, -ETA, ETA]
     assert all(s.valid and s.reason == "warm-up" and s.r_align is None for s in m.proposal_scores)
-    m4 = w.train_step(rows, props, [request(tok, rows, "a")], global_step=4)
+    m4 = w.train_step(rows, props, [request(tok, rows, "a")])
     assert m4.proposal_scores[0].r_align is not None and m4.proposal_scores[0].reason == ""
 
 
@@ -237,7 +237,7 @@ def test_lambda_zero_is_exactly_the_actor_step(tiny_model_dir, tok, make_rows):
     props = [proposal(tok, "a", "add"), proposal(tok, "b", "no_edit", r_op=-ETA)]
     # beta_kl > 0 loads a reference model for the proposer alone: the actor must not change
     w0 = LearnerWorker(cfg(proposer={"lambda_prop": 0.0, "beta_kl": 0.02}), str(tiny_model_dir))
-    m0 = w0.train_step(rows, props, [request(tok, rows, "a")], global_step=5)
+    m0 = w0.train_step(rows, props, [request(tok, rows, "a")])
     w1 = LearnerWorker(cfg(proposer={"enabled": False}), str(tiny_model_dir))
     m1 = w1.train_step(rows)
     assert max_param_diff(params(w0), params(w1)) == 0.0
@@ -262,7 +262,7 @@ def test_joint_step_changes_the_update_and_is_split_invariant(tiny_model_dir, to
             cfg(micro_batch_rows=micro, mini_batch_rows=mini, temperature=0.05, proposer={"beta_kl": 0.02}),
             str(tiny_model_dir),
         )
-        m = w.train_step(rows, props, align, global_step=7)
+        m = w.train_step(rows, props, align)
         runs.append((params(w), m))
     p0, m0 = runs[0]
     assert m0.num_optimizer_steps == 2  # the proposer adds no optimiser step
@@ -302,12 +302,12 @@ def test_support_loss_matches_theta_old_decision_logits(tiny_model_dir, tok):
     op = torch.tensor([p.op_token_ids for p in props])
     legal = torch.tensor([p.legal_ops for p in props])
     expected = support_regularizer(logits[:, 0].gather(-1, op), legal).mean().item()
-    m = w.train_step(rows, props, [], global_step=1)  # warm-up: rewards r_fmt, all valid
+    m = w.train_step(rows, props, [], proposer_warmup=True)  # warm-up: rewards r_fmt, all valid
     assert expected > 0
     assert m.extra_metrics["prop_sup_loss"] == pytest.approx(expected, rel=1e-4)
     assert m.extra_metrics["prop_pg_loss"] == pytest.approx(0.0, abs=1e-7)  # constant rewards -> A = 0
     off = LearnerWorker(cfg(temperature=0.05, proposer={"support_regularizer": False}), str(tiny_model_dir))
-    m_off = off.train_step(rows, props, [], global_step=1)
+    m_off = off.train_step(rows, props, [], proposer_warmup=True)
     assert m_off.extra_metrics["prop_sup_loss"] == 0.0 and m_off.extra_metrics["prop_support_rows"] == 0
 
 
@@ -345,7 +345,7 @@ def test_explicit_payload_mask_is_used(tiny_model_dir, tok):
         [rows[a.row_index].model_copy(update={"prompt_ids": a.swapped_prompt_ids}) for a in req.plus]
     )
     d_plus = sum(s[0] for s in swapped) / 3 - sum(orig[a.row_index][0] for a in req.plus) / 3
-    m = w.train_step(flagged, [proposal(tok, "a", "add")], [req], global_step=4)
+    m = w.train_step(flagged, [proposal(tok, "a", "add")], [req])
     assert m.proposal_scores[0].delta_plus == pytest.approx(d_plus, abs=1e-5)
 
 
@@ -360,7 +360,7 @@ def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, payload: str)
     align = [AlignRequest.model_validate(a) for a in data["align"]]
     c = LearnerConfig.model_validate({**data["cfg"], "use_deepspeed": True, "zero_stage": 1})
     w = LearnerWorker(c, model_dir, rank=rank, world_size=2, master_port=port)
-    metrics = w.train_step(rows, props, align, global_step=5)
+    metrics = w.train_step(rows, props, align)
     w.export_weights(out_dir)
     if rank == 0:
         Path(out_dir, "metrics.json").write_text(metrics.model_dump_json())
@@ -413,7 +413,7 @@ def test_two_deepspeed_ranks_match_one_torch_rank(
         p.join(timeout=300)
     assert [p.exitcode for p in procs] == [0, 0]
     single = LearnerWorker(c, str(tiny_model_dir))
-    m_single = single.train_step(rows, props, align, global_step=5)
+    m_single = single.train_step(rows, props, align)
     got = load_file(str(out / "model.safetensors"))
     for k, v in single.backend.module.state_dict().items():
         if k in got:
