@@ -7,7 +7,7 @@ Setup (the smoke UniSkill config's env, rollout and learner settings; tiny model
 the candidate's held-out anchors tau+ and tau-.
 
 - `ralign`: what one training step adds for R_align (S4), per proposal: the driver renders and
-  tokenizes every anchor turn's prompt with s~ in the skill slot (`deploy.uniskill.align_requests`,
+  tokenizes every anchor turn's prompt with s~ in the skill slot (`deploy.stages.uniskill_glue.align_requests`,
   as the trainer does), then the learner scores the identical response ids under those prompts
   with no grad (`LearnerWorker.score`, the torch backend, all proposals in one call like the
   learner's batched no-grad pass). J(tau; s_orig) costs nothing extra (it reuses theta_old).
@@ -88,7 +88,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from deploy.config import load_config
-    from deploy.uniskill import ProposerPrompt, align_requests, rows_index
+    from deploy.stages.uniskill_glue import ProposerPrompt, align_requests, rows_index
     from envs.pool import EnvPool
     from envs.tasks import sample_tasks
     from learner.batch import rows_from_trajectories

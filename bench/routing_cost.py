@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from deploy.config import load_config
-from deploy.methods import TeacherRouter, with_references
+from deploy.stages.smrc_sd import TeacherRouter, with_references
 from rollout_workers.types import Trajectory
 from routing.matching import route
 from routing.reference import SuccessBuffer

@@ -15,7 +15,7 @@ from envs.types import TaskSpec
 from rollout_workers.types import Generation, RolloutStats, Trajectory
 
 if TYPE_CHECKING:
-    from deploy.uniskill import ProposalRequest
+    from deploy.stages.uniskill_glue import ProposalRequest
 
 
 def merge_stats(stats: Sequence[RolloutStats], wall_s: float) -> RolloutStats:
@@ -88,7 +88,7 @@ class Cluster:
 
     def generate_proposals(self, requests: Sequence[ProposalRequest]) -> list[list[Generation]]:
         """UniSkill proposals with the current weights: requests[i] on rollout worker i, all at
-        once (`deploy.uniskill.ProposalWorkers`)."""
+        once (`deploy.stages.uniskill_glue.ProposalWorkers`)."""
         import ray
 
         if len(requests) > len(self.workers):

@@ -92,7 +92,7 @@ class RayConfig(_Section):
 
 class MethodConfig(_Section):
     name: Literal["grpo", "fullpath_sd", "smrc_sd", "routing_only", "context_only", "random_turn"] = "grpo"
-    """Which turns get a teacher and what it sees (table in deploy/methods.py); any method other
+    """Which turns get a teacher and what it sees (table in deploy/stages/smrc_sd.py); any method other
     than grpo needs learner.sd.coef > 0."""
     matcher: Literal["structured", "history", "observation"] = "structured"
     """Routing matcher (SMRC-SD default: structured state signatures)."""

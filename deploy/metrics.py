@@ -97,7 +97,7 @@ class MetricsSink:
         return path
 
     def save_proposals(self, step: int, records: Sequence[BaseModel]) -> Path | None:
-        """uniskill/proposals_step_N.jsonl: one UniSkill proposal record (deploy.uniskill_stage.
+        """uniskill/proposals_step_N.jsonl: one UniSkill proposal record (deploy.stages.uniskill.
         ProposalRecord) per line, for `analyze ralign-vs-rollout`. Nothing written without records."""
         if not records:
             return None

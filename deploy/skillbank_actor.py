@@ -62,7 +62,7 @@ def shutdown_skillbank(handle) -> None:
 
 
 class RemoteSkillBank:
-    """The "skillbank" actor as `deploy.uniskill_stage.SkillBank` (retrieve_many / apply), each
+    """The "skillbank" actor as `deploy.stages.uniskill.SkillBank` (retrieve_many / apply), each
     call waiting for the actor's answer."""
 
     def __init__(self, handle):

@@ -15,9 +15,9 @@ from pathlib import Path
 from deploy.cluster import Cluster
 from deploy.config import TrainConfig
 from deploy.evaluation import EvalResult, summarize_eval
-from deploy.methods import RoutingResult, TeacherRouter
 from deploy.metrics import MetricsSink, rollout_metrics
-from deploy.uniskill_stage import ProposalBatch, UniSkillStage
+from deploy.stages.smrc_sd import RoutingResult, TeacherRouter
+from deploy.stages.uniskill import ProposalBatch, UniSkillStage
 from envs.tasks import eval_tasks, sample_tasks
 from learner.batch import rows_from_trajectories
 from learner.types import StepMetrics
@@ -80,7 +80,7 @@ def make_skill_stage(cfg: TrainConfig, cluster: Cluster) -> UniSkillStage | None
     proposal generation on the rollout workers."""
     if not cfg.uniskill.enabled:
         return None
-    from deploy.uniskill_stage import make_stage
+    from deploy.stages.uniskill import make_stage
 
     return make_stage(cfg, cluster)
 

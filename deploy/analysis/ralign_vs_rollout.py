@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from deploy.uniskill_stage import ProposalRecord
+from deploy.stages.uniskill import ProposalRecord
 from envs.types import TaskSpec
 from rollout_workers.types import Trajectory
 
@@ -93,7 +93,8 @@ def rank_stats(r_align: Sequence[float], gain: Sequence[float]) -> AlignStats:
 def load_proposals(run_dir: Path) -> list[ProposalRecord]:
     """Every archived proposal of the run, in step order."""
     files = sorted(Path(run_dir, "uniskill").glob("proposals_step_*.jsonl"))
-    return [ProposalRecord.model_validate_json(line) for p in files for line in p.read_text().splitlines()
+    # split on "\n" only: str.splitlines() also breaks at U+2028 / U+0085, which JSON leaves unescaped
+    return [ProposalRecord.model_validate_json(line) for p in files for line in p.read_text().split("\n")
             if line.strip()]
 
 

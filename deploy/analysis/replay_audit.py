@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from deploy.methods import with_references
+from deploy.stages.smrc_sd import with_references
 from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.types import TaskSpec

@@ -14,7 +14,7 @@ action after replaying the student's env actions up to the turn).
 
 Variants: "none" (the student prompt: Delta = 0 by construction), "full_path" (full reference
 only, FullPath-SD), "state_matched" (full reference + state summary + candidate action where
-matched, SMRC-SD). Teacher prompts come from `deploy.methods.TeacherRouter._teacher_prompt`, i.e.
+matched, SMRC-SD). Teacher prompts come from `deploy.stages.smrc_sd.TeacherRouter._teacher_prompt`, i.e.
 byte-identical to training. CIs: percentile bootstrap over states (B = 10,000); the matched minus
 mismatched difference compares different states (unpaired bootstrap); variant-vs-variant
 differences are on the same states (paired bootstrap).
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from deploy.analysis.stats import bootstrap_ci, paired_bootstrap_ci, unpaired_bootstrap_ci
 from deploy.config import TrainConfig, load_config
-from deploy.methods import TeacherRouter, with_references
+from deploy.stages.smrc_sd import TeacherRouter, with_references
 from envs.registry import make_env
 from rollout_workers.episode import Episode
 from rollout_workers.parsing import action_choice
@@ -98,7 +98,8 @@ def load_trajectories(run_dir: Path) -> list[tuple[str, list[Trajectory]]]:
                    key=lambda p: (int(p.stem.split("_")[-1]) if p.stem.split("_")[-1].isdigit() else 0, p.name))
     out = []
     for path in files:
-        trajs = [Trajectory.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+        # split on "\n" only: str.splitlines() also breaks at U+2028 / U+0085, which JSON leaves unescaped
+        trajs = [Trajectory.model_validate_json(line) for line in path.read_text().split("\n") if line.strip()]
         out.append((path.name, trajs))
     return out
 

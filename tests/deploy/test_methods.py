@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from deploy.methods import RULES, TeacherRouter, choose_turns
+from deploy.stages.smrc_sd import RULES, TeacherRouter, choose_turns
 from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.pool import EnvPool

@@ -4,7 +4,7 @@ tracker and teacher prompts from the WebShop renderer."""
 
 import pytest
 
-from deploy.methods import TeacherRouter
+from deploy.stages.smrc_sd import TeacherRouter
 from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.pool import EnvPool

@@ -1,4 +1,4 @@
-"""UniSkill's trainer glue (deploy/uniskill.py), pure parts, on real trajectories from the rollout
+"""UniSkill's trainer glue (deploy/stages/uniskill_glue.py), pure parts, on real trajectories from the rollout
 loop (HF engine, tiny model, embedded household env) with outcomes relabelled to form groups of
 2 successes + 2 failures. The bank and the critic are small fakes (their real versions are tested in
 skillbank_service); generation on the rollout workers is tested with fake workers."""
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploy import uniskill as us
 from deploy.config import UniSkillConfig, load_config
+from deploy.stages import uniskill_glue as us
+from deploy.stages.uniskill import UniSkillStage
 from deploy.tiny_model import TinyModelConfig, build_tiny_model
-from deploy.uniskill_stage import UniSkillStage
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.tasks import eval_tasks
@@ -331,7 +331,7 @@ def test_generate_proposals_splits_and_restores_order():
 
 
 def test_policy_critic_generates_greedily_on_the_first_worker(setup):
-    from deploy.uniskill_stage import policy_generate
+    from deploy.stages.uniskill import policy_generate
 
     tok = setup[2]
 

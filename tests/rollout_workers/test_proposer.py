@@ -288,7 +288,7 @@ def test_worker_generate_proposals_with_constrained_op(tiny_model_dir, hf_model,
     logprobs match teacher-forced scoring of prompt + op tokens)."""
     from transformers import AutoTokenizer
 
-    from deploy.uniskill import op_choices
+    from deploy.stages.uniskill_glue import op_choices
     from envs.config import EnvConfig
     from envs.pool import EnvPool
     from rollout_workers.config import EngineConfig, RolloutConfig

@@ -102,7 +102,9 @@ class TeacherRouter:
     def load(self, path: Path) -> None:
         self.buffer = SuccessBuffer(self.buffer.per_task)
         if path.exists():
-            self.buffer.extend(Episode(Trajectory.model_validate_json(line)) for line in path.read_text().splitlines())
+            # split on "\n" only: str.splitlines() also breaks at U+2028 / U+0085, which JSON leaves unescaped
+            lines = [line for line in path.read_text().split("\n") if line.strip()]
+            self.buffer.extend(Episode(Trajectory.model_validate_json(line)) for line in lines)
 
     def __call__(self, trajectories: Sequence[Trajectory], *, step: int) -> RoutingResult:
         rng = random.Random(self.seed * 1_000_003 + step)

@@ -1,5 +1,5 @@
 """UniSkill's stage of the training step (the trainer holds one): the pure glue of
-`deploy.uniskill` bundled with the bank, the critic and the proposal generator, which are
+`deploy.stages.uniskill_glue` bundled with the bank, the critic and the proposal generator, which are
 injected (`make_stage` builds them for a run: the bank actor through
 `deploy.skillbank_actor.RemoteSkillBank`, generation through `deploy.cluster.Cluster`; tests pass
 fakes or local objects).
@@ -22,7 +22,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from deploy.config import TrainConfig, UniSkillConfig
-from deploy.uniskill import (
+from deploy.stages.uniskill_glue import (
     Critic,
     ProposalRequest,
     ProposalWorkers,
