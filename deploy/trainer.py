@@ -6,6 +6,7 @@ skill-bank commit (step 8, after the update) are stages that are no-ops for plai
 from __future__ import annotations
 
 import json
+import logging
 import time
 import zlib
 from contextlib import contextmanager
@@ -21,7 +22,9 @@ from deploy.stages.uniskill import ProposalBatch, UniSkillStage
 from envs.tasks import eval_tasks, sample_tasks
 from learner.batch import rows_from_trajectories
 from learner.types import StepMetrics
-from rollout_workers.types import Trajectory
+from rollout_workers.types import Trajectory, split_infrastructure_failures
+
+log = logging.getLogger(__name__)
 
 
 def step_seed(run_seed: int, step: int) -> int:
@@ -118,13 +121,14 @@ class Trainer:
             trajs, rstats = self.cluster.collect(
                 tasks, group_size=self.cfg.rollout.group_size, policy_version=self.state.policy_version,
                 temperature=self.cfg.rollout.temperature, skill_texts=shown)
+        played = self.exclude_infrastructure_failures(trajs, step)
         with timer("route"):
-            routed = self.route(trajs, step)
+            routed = self.route(played, step)
         with timer("propose"):
-            proposals = self.propose_skills(trajs, step)
+            proposals = self.propose_skills(played, step)
         if self.cfg.run.save_trajectories:
             self.sink.save_trajectories(step, trajs)
-        rows = rows_from_trajectories(trajs, routed.teacher_prompts or None)
+        rows = rows_from_trajectories(played, routed.teacher_prompts or None)
         learn: dict[str, float] = {}
         scores: list = []
         if rows:  # every episode can end before its first turn (env errors): then no update
@@ -144,6 +148,18 @@ class Trainer:
                 **rollout_metrics(trajs), **routed.metrics, **learn, **committed,
                 "rollout/generate_s": rstats.generate_s, "rollout/env_s": rstats.env_s,
                 **timer.seconds}
+
+    @staticmethod
+    def exclude_infrastructure_failures(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
+        """Episodes the env crashed under or whose prompt outgrew the budget say nothing about the
+        policy: they leave the groups, the references and the proposal candidates (counted in
+        `episodes_env_error` / `episodes_prompt_too_long` and archived with the step); each is
+        logged with its cause."""
+        played, failed = split_infrastructure_failures(trajectories)
+        for t in failed:
+            log.warning("step %d: episode %s (task %s) ended with %s (%s); not trained on",
+                        step, t.traj_id, t.task.task_id, t.end_reason, t.end_detail or "no detail")
+        return played
 
     # ---- method stages (plain GRPO: no-ops) ------------------------------------------------
     def route(self, trajectories: list[Trajectory], step: int) -> RoutingResult:

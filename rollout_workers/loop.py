@@ -68,6 +68,7 @@ class _LiveEpisode:
     task_score: float | None = None
     won: bool = False
     end_reason: EndReason = "running"
+    end_detail: str | None = None
 
     @property
     def live(self) -> bool:
@@ -143,7 +144,7 @@ def _start_wave(tasks: Sequence[TaskSpec], group_size: int, slots, counters: _Co
         if "score" in step.info:
             e.task_score = float(step.info["score"])
         if step.env_error is not None:
-            e.end_reason = "env_error"
+            e.end_reason, e.end_detail = "env_error", f"at reset: {step.env_error}"
     return episodes
 
 
@@ -160,6 +161,8 @@ def _play_turn(
     for e, p in zip(live, prompts):
         if len(p) > cfg.max_prompt_tokens:
             e.end_reason = "prompt_too_long"
+            e.end_detail = (f"turn {len(e.turns)}: prompt of {len(p)} tokens > rollout.max_prompt_tokens="
+                            f"{cfg.max_prompt_tokens}")
     if not acting:
         return
     episodes, prompt_ids = [e for e, _ in acting], [p for _, p in acting]
@@ -221,7 +224,7 @@ def _advance(e: _LiveEpisode, pa: ParsedAction, step: EnvStep) -> None:
         e.task_score = float(step.info["score"])
     e.won = e.won or step.won
     if step.env_error is not None:
-        e.end_reason = "env_error"
+        e.end_reason, e.end_detail = "env_error", f"turn {len(e.turns)}: {step.env_error}"
     elif step.done:
         e.end_reason = "won" if step.won else "ended" if not step.truncated else "step_limit"
 
@@ -238,6 +241,7 @@ def _trajectory(e: _LiveEpisode, policy_version: int) -> Trajectory:
         skill_text=e.skill_text,
         policy_version=policy_version,
         end_reason=e.end_reason,
+        end_detail=e.end_detail,
     )
 
 

@@ -12,6 +12,7 @@ validated; any other unknown key is still an error.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -88,11 +89,35 @@ class Trajectory(_Frozen):
     policy_version: int
     skill_text: str | None = Field(default=None, description="UniSkill: the skill shown in every prompt of this episode")
     end_reason: EndReason
+    end_detail: str | None = Field(
+        default=None,
+        description="why an infrastructure failure happened (the env's error, the prompt length); None otherwise",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _retired_keys(cls, data: Any) -> Any:
         return _drop_retired(data, ("skill_bank_version",))
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        """The episode ended because of the system, not the policy (`INFRASTRUCTURE_FAILURES`)."""
+        return self.end_reason in INFRASTRUCTURE_FAILURES
+
+
+INFRASTRUCTURE_FAILURES: frozenset[EndReason] = frozenset({"env_error", "prompt_too_long"})
+"""End reasons that say nothing about the policy: the env crashed, or the next prompt could not be
+shown. Such episodes are never trained on as failures (`split_infrastructure_failures`)."""
+
+
+def split_infrastructure_failures(
+    trajectories: Sequence[Trajectory],
+) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(episodes to learn from, infrastructure failures): the one rule GRPO groups, SMRC-SD
+    references and UniSkill candidates share. A group that loses members keeps the rest (its
+    statistics are over the episodes the policy really played)."""
+    kept = [t for t in trajectories if not t.infrastructure_failure]
+    return kept, [t for t in trajectories if t.infrastructure_failure]
 
 
 class Generation(_Frozen):

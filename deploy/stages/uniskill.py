@@ -13,6 +13,7 @@ fakes or local objects).
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ from skillbank_service.types import (
     ScoredProposal,
     Skill,
 )
+
+log = logging.getLogger(__name__)
 
 # ---- the proposal archive ------------------------------------------------------------------
 
@@ -189,6 +192,10 @@ class UniSkillStage:
             vs = list(batch.verdicts.values())
             batch.metrics["uniskill/critic_pass_rate"] = sum(v.passed for v in vs) / len(vs)
             batch.metrics["uniskill/critic_failures"] = float(sum(v.failed for v in vs))
+            failed = [v.reason for v in vs if v.failed]
+            if failed:
+                log.warning("step %d: the critic failed on %d of %d proposals (they are rejected); first: %s",
+                            step, len(failed), len(vs), failed[0])
         return batch
 
     def learner_inputs(self, batch: ProposalBatch, rows: Sequence[TrainRow]) -> tuple[list[ProposalRow],

@@ -50,7 +50,7 @@ from rollout_workers.proposer import (
     select_candidates,
 )
 from rollout_workers.turn_messages import recorded_turn_message
-from rollout_workers.types import Candidate, Generation, Trajectory
+from rollout_workers.types import Candidate, Generation, Trajectory, split_infrastructure_failures
 from skillbank_service.types import (
     CriticRequest,
     CriticVerdict,
@@ -109,7 +109,7 @@ def actor_skill_texts(
 def build_candidates(trajectories: Sequence[Trajectory], rng: random.Random, cfg: UniSkillConfig) -> list[Candidate]:
     """Candidates of docs/algorithms.md S3 from the step's groups (a group shares task, seed and
     retrieved skill). Trajectories without turns or ended by an env error take no part."""
-    usable = [Episode(t) for t in trajectories if t.turns and t.end_reason != "env_error"]
+    usable = [Episode(t) for t in split_infrastructure_failures(trajectories)[0] if t.turns]
     return select_candidates(group_members(usable), rng, max_candidates=cfg.max_candidates_per_step)
 
 

@@ -170,6 +170,9 @@ def test_candidates_and_prompts(setup):
         assert text.endswith("<action>") and ("UPDATE_SKILL" in text) == has_skill
     broken = [t.model_copy(update={"end_reason": "env_error"}) if t.traj_id.endswith("/3") else t for t in trajs]
     assert us.build_candidates(broken, random.Random(0), CFG) == []  # groups drop to 2S + 1F
+    too_long = [t.model_copy(update={"end_reason": "prompt_too_long"}) if t.traj_id.endswith("/3") else t
+                for t in trajs]
+    assert us.build_candidates(too_long, random.Random(0), CFG) == []  # the same rule for both causes
     tight = CFG.model_copy(update={"proposer": CFG.proposer.model_copy(update={"max_prompt_tokens": 50})})
     assert us.proposer_prompts(cands, trajs, skills, tok, tight) == ([], 8)
 
@@ -390,7 +393,8 @@ def test_stage_end_to_end_with_learner_and_bank(setup, tmp_path):
             calls.append(seed)
             return [_gen(tok, t) for t in _outputs(prompts)]
 
-        stage = UniSkillStage(cfg.uniskill, cfg.rollout, cfg.learner.proposer, bank=bank, critic=FakeCritic(), tokenizer=tok, generate=generate)
+        stage = UniSkillStage(cfg.uniskill, cfg.rollout, cfg.learner.proposer, bank=bank, critic=FakeCritic(),
+                              tokenizer=tok, generate=generate)
         learner = LearnerWorker(cfg.learner, str(model))
         for step in (1, 2):
             shown = stage.retrieve(tasks)

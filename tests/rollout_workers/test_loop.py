@@ -129,6 +129,8 @@ def test_prompt_guard_ends_episode_explicitly(tokenizer):
     assert all(t.end_reason == "prompt_too_long" and len(t.turns) == 1 for t in trajs)
     none, _ = run(engine, [EnvPool(ENV, 2)], tasks, rollout=cfg(max_prompt_tokens=first_len - 1))
     assert all(t.end_reason == "prompt_too_long" and not t.turns for t in none)
+    assert none[0].end_detail == f"turn 0: prompt of {first_len} tokens > rollout.max_prompt_tokens={first_len - 1}"
+    assert all(t.infrastructure_failure for t in trajs + none)
 
 
 def test_env_error_on_step_and_on_reset(tokenizer):
@@ -146,6 +148,9 @@ def test_env_error_on_step_and_on_reset(tokenizer):
     assert broken_step.turns[0].action == "boom" and broken_step.turns[0].next_observation == ""
     assert survivor.end_reason == "step_limit" and len(survivor.turns) == 4
     assert all(t.end_reason == "env_error" and not t.turns and not t.success for t in reset_failed)
+    assert broken_step.end_detail.startswith("turn 1: ") and "boom" in broken_step.end_detail
+    assert all(t.end_detail.startswith("at reset: ") for t in reset_failed)
+    assert survivor.end_detail is None and not survivor.infrastructure_failure
 
 
 def test_waves_when_pools_are_smaller_than_the_batch(tokenizer):
