@@ -123,16 +123,19 @@ def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) ->
     return workers
 
 
-def _rendezvous() -> tuple[str, int]:
-    """This node's IP and a free TCP port (runs inside the learners' placement group)."""
+def _rendezvous() -> tuple[str, int, str]:
+    """Runs inside the learners' placement group, on the node every rank shares (STRICT_PACK):
+    loopback, a free port for the variables DeepSpeed reads, and a fresh file for the process
+    group's FileStore, so no rendezvous socket listens beyond loopback."""
     import socket
-
-    import ray
+    import tempfile
+    import uuid
+    from pathlib import Path
 
     with socket.socket() as sock:
-        sock.bind(("", 0))
+        sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+    return "127.0.0.1", port, str(Path(tempfile.gettempdir()) / f"agentrl-rendezvous-{uuid.uuid4().hex}")
 
 
 def start_learners(cfg: TrainConfig, model_path: str) -> tuple[list, object]:
@@ -155,14 +158,16 @@ def start_learners(cfg: TrainConfig, model_path: str) -> tuple[list, object]:
     def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
 
-    addr, port = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=in_bundle(0)).remote())
+    addr, port, store_file = ray.get(
+        ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=in_bundle(0)).remote())
     actor_cls = ray.remote(LearnerActor)
     actors = [
         actor_cls.options(
             name=f"learner_{rank}", num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
             scheduling_strategy=in_bundle(rank),
             runtime_env=_actor_env(r.learner_cpus, gpu=r.learner_gpus > 0, log_name=f"learner_rank{rank}"),
-        ).remote(cfg.learner, model_path, rank=rank, world_size=r.num_learners, master_addr=addr, master_port=port)
+        ).remote(cfg.learner, model_path, rank=rank, world_size=r.num_learners, master_addr=addr, master_port=port,
+                  rendezvous_file=store_file)
         for rank in range(r.num_learners)
     ]
     return actors, group

@@ -121,6 +121,21 @@ def set_distributed_env(
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+def init_process_group_on_node(rendezvous_file: str, *, rank: int, world_size: int, backend: str) -> None:
+    """The learner ranks' default process group when they share one node (the only layout the
+    system starts): rendezvous through a file (torch's FileStore) instead of a TCPStore, which would
+    listen on every interface, and collectives over loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
+    = lo, unless the deployment sets them). DeepSpeed then finds the group initialised and keeps it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        os.environ.setdefault(var, "lo")
+    store = dist.FileStore(rendezvous_file, world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+
+
 def deepspeed_config(cfg: LearnerConfig, *, world_size: int) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_rows,
@@ -150,6 +165,7 @@ class DeepSpeedBackend:
         world_size: int,
         master_addr: str,
         master_port: int,
+        rendezvous_file: str | None = None,
         local_rank: int | None = None,
     ) -> None:
         set_distributed_env(
@@ -161,6 +177,10 @@ class DeepSpeedBackend:
         )
         import deepspeed
         from deepspeed.accelerator import get_accelerator
+
+        if rendezvous_file is not None:
+            init_process_group_on_node(rendezvous_file, rank=rank, world_size=world_size,
+                                       backend=get_accelerator().communication_backend_name())
 
         local_rank = int(os.environ["LOCAL_RANK"])
         self.device = torch.device(get_accelerator().device_name(local_rank))
@@ -223,6 +243,7 @@ def build_backend(
     world_size: int = 1,
     master_addr: str = "127.0.0.1",
     master_port: int = 29500,
+    rendezvous_file: str | None = None,
     local_rank: int | None = None,
 ) -> TrainBackend:
     if cfg.use_deepspeed:
@@ -233,6 +254,7 @@ def build_backend(
             world_size=world_size,
             master_addr=master_addr,
             master_port=master_port,
+            rendezvous_file=rendezvous_file,
             local_rank=local_rank,
         )
     return TorchBackend(cfg, model, world_size=world_size)

@@ -84,6 +84,7 @@ class LearnerWorker:
         world_size: int = 1,
         master_addr: str = "127.0.0.1",
         master_port: int = 29500,
+        rendezvous_file: str | None = None,
         local_rank: int | None = None,
         extra_losses: Sequence[ExtraLoss] = (),
     ) -> None:
@@ -109,6 +110,7 @@ class LearnerWorker:
             world_size=world_size,
             master_addr=master_addr,
             master_port=master_port,
+            rendezvous_file=rendezvous_file,
             local_rank=local_rank,
         )
         prop = cfg.proposer
