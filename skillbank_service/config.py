@@ -47,9 +47,14 @@ class SkillBankConfig(BaseModel):
     url: str | None = None
     """redis:// or rediss:// URL of a shared server; None starts a private local server on loopback."""
     password_env: str = "SKILLBANK_REDIS_PASSWORD"
-    """Environment variable with the server password (unset = the URL's password, or none)."""
+    """Environment variable with the server password (unset = the URL's password)."""
+    allow_no_password: bool = False
+    """Connect to a `url` server with no password at all (refused by default: anyone who reaches
+    the port could rewrite the bank)."""
     tls: bool = False
     """Use TLS (same as a rediss:// URL)."""
+    tls_ca_file: str | None = None
+    """PEM file of the CA that signed the server's certificate (None = the system's trust store)."""
     key_prefix: str = "agentrl"
     """Namespace of every key; set it to the run name so runs sharing a server never mix."""
     data_dir: str | None = None

@@ -58,10 +58,16 @@ class SchemaMismatchError(RuntimeError):
     pass
 
 
+class InsecureServerError(ValueError):
+    """A shared skill-bank server configured without a password."""
+
+
 def connect(cfg: SkillBankConfig, url: str | None = None) -> redis.Redis:
-    """A client for `url` (default cfg.url) with the password from $cfg.password_env and TLS when
-    cfg.tls or the URL is rediss://."""
+    """A client for `url` (default cfg.url) with the password from $cfg.password_env (or the URL's),
+    and TLS when cfg.tls or the URL is rediss:// (verified against cfg.tls_ca_file, else the system
+    store). A TCP server with no password is refused unless cfg.allow_no_password."""
     import os
+    from urllib.parse import urlsplit
 
     url = url or cfg.url
     if url is None:
@@ -72,6 +78,14 @@ def connect(cfg: SkillBankConfig, url: str | None = None) -> redis.Redis:
     password = os.environ.get(cfg.password_env)
     if password:
         kwargs["password"] = password
+    parts = urlsplit(url)
+    if parts.scheme in ("redis", "rediss") and not (password or parts.password) and not cfg.allow_no_password:
+        raise InsecureServerError(
+            f"skillbank.url {parts.scheme}://{parts.hostname}:{parts.port} has no password: set "
+            f"${cfg.password_env} on every node (or put it in the URL), or set "
+            "uniskill.bank.allow_no_password=true for a server only you can reach")
+    if url.startswith("rediss://") and cfg.tls_ca_file is not None:
+        kwargs["ssl_ca_certs"] = cfg.tls_ca_file
     return redis.Redis.from_url(url, **kwargs)
 
 

@@ -225,7 +225,7 @@ def test_service_without_url_runs_and_stops_its_own_server(proposal):
 def test_tls_option_selects_an_ssl_connection():
     import redis
 
-    client = connect(SkillBankConfig(url="redis://example.invalid:6380/0", tls=True))
+    client = connect(SkillBankConfig(url="redis://:pw@example.invalid:6380/0", tls=True))
     assert client.connection_pool.connection_class is redis.SSLConnection
-    client = connect(SkillBankConfig(url="rediss://example.invalid:6380/0"))
+    client = connect(SkillBankConfig(url="rediss://:pw@example.invalid:6380/0"))
     assert client.connection_pool.connection_class is redis.SSLConnection
