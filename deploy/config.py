@@ -19,6 +19,7 @@ from deploy.tiny_model import TinyModelConfig
 from envs.config import EnvConfig
 from learner.config import LearnerConfig
 from rollout_workers.config import EngineConfig, RolloutConfig
+from routing.trackers import TRACKERS
 from skillbank_service.config import SkillBankConfig
 
 
@@ -288,8 +289,9 @@ class TrainConfig(_Section):
     def _method_has_a_loss(self) -> TrainConfig:
         if self.method.name != "grpo" and self.learner.sd.coef <= 0:
             raise ValueError(f"method.name={self.method.name!r} distils: set learner.sd.coef > 0 (e.g. 0.1)")
-        if self.method.name != "grpo" and self.env.name != "alfworld":
-            raise ValueError("routing has a state tracker for alfworld only so far")
+        if self.method.name != "grpo" and self.env.name not in TRACKERS:
+            raise ValueError(f"method.name={self.method.name!r} routes turns by state, and env.name={self.env.name!r} "
+                             f"has no state tracker (routing.trackers knows {', '.join(sorted(TRACKERS))})")
         return self
 
     @model_validator(mode="after")

@@ -73,3 +73,14 @@ def test_base_inheritance_merges_sections(tmp_path):
     (tmp_path / "c.yaml").write_text("base: c.yaml\n")
     with pytest.raises(ConfigError, match="includes itself"):
         load_config(tmp_path / "c.yaml")
+
+
+def test_distilling_methods_need_an_env_with_a_state_tracker(monkeypatch):
+    import deploy.config
+
+    sets = ["method.name=smrc_sd", "learner.sd.coef=0.1"]
+    webshop = load_config(ROOT / "deploy/configs/smoke_cpu_webshop.yaml", sets)
+    assert webshop.method.name == "smrc_sd" and webshop.env.name == "webshop"
+    monkeypatch.setattr(deploy.config, "TRACKERS", {"alfworld": deploy.config.TRACKERS["alfworld"]})
+    with pytest.raises(ConfigError, match="env.name='webshop' has no state tracker"):
+        load_config(ROOT / "deploy/configs/smoke_cpu_webshop.yaml", sets)
