@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from learner.config import LearnerConfig
 from learner.types import TrainRow
 from learner.worker import LearnerWorker

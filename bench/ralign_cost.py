@@ -1,5 +1,5 @@
 """R_align cost per evaluated proposal vs rollout-based evaluation of the same proposals, side by
-side in one run (ALGORITHMS.md S8: UniSkill "is cheaper per step because R_align needs no rollouts";
+side in one run (docs/algorithms.md S8: UniSkill "is cheaper per step because R_align needs no rollouts";
 rollout-based skill evaluation such as Evolving-RL plays K extra episodes per proposal).
 
 Setup (the smoke UniSkill config's env, rollout and learner settings; tiny model): anchor groups of
@@ -108,7 +108,7 @@ def main() -> None:
             if (default / "config.json").is_file():
                 model_dir = default
             else:
-                from deploy.sft import build_model_from_env
+                from deploy.laptop.sft import build_model_from_env
 
                 model_dir = build_model_from_env(cfg, Path(tmp) / "tiny", num_episodes=100)
         model_used = str(model_dir) if Path(model_dir).parent != Path(tmp) else "tiny model built by the bench"

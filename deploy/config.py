@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from deploy.tiny_model import TinyModelConfig
+from deploy.laptop.tiny_model import TinyModelConfig
 from envs.config import EnvConfig
 from learner.config import LearnerConfig
 from rollout_workers.config import EngineConfig, RolloutConfig
@@ -180,7 +180,7 @@ class ProposerConfig(_Section):
 
 
 class UniSkillConfig(_Section):
-    """UniSkill (ALGORITHMS.md S3-S5, S8): a skill bank, the retrieved skill in the actor prompt and
+    """UniSkill (docs/algorithms.md S3-S5, S8): a skill bank, the retrieved skill in the actor prompt and
     the proposer role of the same policy. Combines with any `method` (e.g. smrc_sd)."""
 
     enabled: bool = False

@@ -1,4 +1,4 @@
-"""The Ray topology of ARCHITECTURE.md: EnvPool actors, RolloutWorker actors (scaling with
+"""The Ray topology of docs/architecture.md: EnvPool actors, RolloutWorker actors (scaling with
 `rollout.num_workers`), Learner actors (DeepSpeed ranks). Resources come from the config.
 
 The same code runs on a laptop (`ray.init` on loopback) and under `ray job submit` (the driver

@@ -1,4 +1,4 @@
-"""The skill-bank acceptance rule of ALGORITHMS.md S5 as a pure function (no IO).
+"""The skill-bank acceptance rule of docs/algorithms.md S5 as a pure function (no IO).
 
 Write-eligible: past warm-up (step > warmup_steps), op ADD or UPDATE, parsed, valid text, critic
 verdict passed (op reasonable and content supported), scored (coverage ok, R_align and delta+

@@ -40,7 +40,7 @@ class LLMCriticConfig(BaseModel):
 
 
 class SkillBankConfig(BaseModel):
-    """UniSkill's Redis-backed skill bank (ALGORITHMS.md S5)."""
+    """UniSkill's Redis-backed skill bank (docs/algorithms.md S5)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 

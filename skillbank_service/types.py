@@ -5,7 +5,7 @@ Invariants:
   per applied UPDATE. Its `provenance` names the proposal that produced the current text.
 - Every `ScoredProposal` passed to `apply` gets exactly one `Decision`; only decisions with
   outcome "accepted" change the bank, and each accepted decision has exactly one `HistoryEntry`.
-- R_align, delta+ and delta- are the raw, unclipped values of ALGORITHMS.md S4 (the clip to +-eta
+- R_align, delta+ and delta- are the raw, unclipped values of docs/algorithms.md S4 (the clip to +-eta
   is a reward-shaping concern of the learner, never of the bank).
 """
 

@@ -1,4 +1,4 @@
-"""Architecture rules of ARCHITECTURE.md, enforced in CI: the layer direction (import-linter),
+"""Architecture rules of docs/architecture.md, enforced in CI: the layer direction (import-linter),
 empty package __init__ files, and contracts that import only stdlib + pydantic."""
 
 import ast

@@ -1,4 +1,4 @@
-"""Does R_align predict a proposal's real effect? (ALGORITHMS.md S8: the paper reports Spearman
+"""Does R_align predict a proposal's real effect? (docs/algorithms.md S8: the paper reports Spearman
 rho 0.312 / 0.367 between R_align and the rollout gain, and that 24.5% / 15.6% of the positive
 proposals still lose.) For analysis only: training never runs these rollouts.
 

@@ -1,4 +1,4 @@
-"""Replay audit of turn-level routing on a run's archived trajectories (ALGORITHMS.md S2,
+"""Replay audit of turn-level routing on a run's archived trajectories (docs/algorithms.md S2,
 "Paper's audit figures" / "Replay audit").
 
 For every archived step (RUN_DIR/trajectories/step_NNNNNN.jsonl, in step order) the trajectories

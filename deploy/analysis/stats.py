@@ -1,4 +1,4 @@
-"""Percentile-bootstrap confidence intervals (ALGORITHMS.md e: resample states with replacement,
+"""Percentile-bootstrap confidence intervals (docs/algorithms.md e: resample states with replacement,
 B = 10,000, 2.5/97.5 percentiles; differences between variants on the same states are paired)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fixed-state teacher-intervention analysis (ALGORITHMS.md e and S8).
+"""Fixed-state teacher-intervention analysis (docs/algorithms.md e and S8).
 
 Hold the state, the prompt and the response fixed and vary only the teacher context: for each
 state s_i with correct action a*_i,

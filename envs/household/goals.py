@@ -34,7 +34,7 @@ GOAL_TEMPLATES: dict[TaskType, tuple[str, str]] = {
     ),
     "pick_two_obj_and_place": ("put two {obj} in {recep}.", "find two {obj} and put them in {recep}."),
 }
-"""ENVIRONMENTS.md 1.4: lowercase class names, no article before the receptacle, final '.'."""
+"""docs/environments.md 1.4: lowercase class names, no article before the receptacle, final '.'."""
 
 TRANSFORM_OF: dict[TaskType, str] = {
     "pick_clean_then_place_in_recep": "clean",

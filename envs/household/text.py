@@ -7,7 +7,7 @@ Restated from the grammar's feedback rules and from transcripts of the real engi
   ("a cabinet 2, a cabinet 1, a countertop 1"), both in the room overview and in contents;
 - examining an object: "hot and clean" / "cool and clean" / "hot" / "clean" / "cold" (sic: the
   single cool adjective is "cold"), lamps "This desklamp 1 is on/off.", else "There's nothing
-  special about X.". (ENVIRONMENTS.md writes "cool"; the grammar says "cold".)
+  special about X.".
 """
 
 from __future__ import annotations

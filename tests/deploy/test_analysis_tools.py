@@ -12,7 +12,7 @@ from deploy.analysis.stats import bootstrap_ci, paired_bootstrap_ci, unpaired_bo
 from deploy.analysis.teacher_intervention import run_teacher_intervention
 from deploy.config import MethodConfig, RunConfig, TrainConfig
 from deploy.evaluation import EvalResult, TypeResult
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.tasks import eval_tasks

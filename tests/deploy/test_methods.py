@@ -5,8 +5,8 @@ import random
 
 import pytest
 
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.stages.smrc_sd import RULES, TeacherRouter, choose_turns
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.tasks import eval_tasks

@@ -4,8 +4,8 @@ tracker and teacher prompts from the WebShop renderer."""
 
 import pytest
 
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.stages.smrc_sd import TeacherRouter
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.tasks import eval_tasks

@@ -6,8 +6,8 @@ a hard `ray.kill` of the actor."""
 import pytest
 
 from deploy.actors import RemoteEnvPool
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.metrics import rollout_metrics
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.faults import ProcessExitFactory
 from envs.pool import EnvPool

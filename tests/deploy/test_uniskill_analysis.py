@@ -14,11 +14,11 @@ import pytest
 from deploy.analysis import ralign_vs_rollout as rv
 from deploy.analysis.uniskill_plots import growth_summary, run_skills_growth
 from deploy.config import TrainConfig, UniSkillConfig
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.metrics import MetricsSink
 from deploy.plots import plot_skills, skill_series
 from deploy.stages.uniskill import ProposalBatch, ProposalRecord, UniSkillStage, proposal_records
 from deploy.stages.uniskill_glue import ProposerPrompt
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.tasks import eval_tasks
 from learner.types import ProposalScore

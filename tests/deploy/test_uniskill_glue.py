@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.config import UniSkillConfig, load_config
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.stages import uniskill_glue as us
 from deploy.stages.uniskill import UniSkillStage
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.tasks import eval_tasks

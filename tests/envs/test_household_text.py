@@ -1,4 +1,4 @@
-"""Exact observation strings of the embedded engine (ENVIRONMENTS.md 1.4, alfred.twl2)."""
+"""Exact observation strings of the embedded engine (docs/environments.md 1.4, alfred.twl2)."""
 
 from __future__ import annotations
 

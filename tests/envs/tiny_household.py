@@ -1,4 +1,4 @@
-"""A hand-built game matching ENVIRONMENTS.md 1.4's example room, for exact-text tests.
+"""A hand-built game matching docs/environments.md 1.4's example room, for exact-text tests.
 
 Imported by tests/envs tests as a plain module (tests/envs/conftest.py puts this folder on sys.path).
 """

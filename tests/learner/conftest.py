@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deploy.tiny_model import TinyModelConfig, build_tiny_model
+from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from learner.types import TrainRow
 
 CORPUS = [

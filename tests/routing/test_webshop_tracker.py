@@ -1,4 +1,4 @@
-"""WebShopTracker on scripted episodes built from the exact text-mode pages (ENVIRONMENTS.md 2.4)."""
+"""WebShopTracker on scripted episodes built from the exact text-mode pages (docs/environments.md 2.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ALGORITHMS.md S7 "Acceptance" cases and the rest of S5, on the pure rule (no IO)."""
+"""docs/algorithms.md S7 "Acceptance" cases and the rest of S5, on the pure rule (no IO)."""
 
 from hypothesis import given
 from hypothesis import strategies as st

@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from deploy.config import TrainConfig
-from deploy.tiny_model import build_tiny_model
+from deploy.laptop.tiny_model import build_tiny_model
 from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.tasks import sample_tasks

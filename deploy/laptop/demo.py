@@ -46,7 +46,7 @@ def _plot(points: list[tuple[str, EvalResult]], out: Path) -> Path:
 
 
 def run_demo(cfg: TrainConfig, out: Path) -> dict:
-    from deploy.sft import build_model_from_env, run_sft
+    from deploy.laptop.sft import build_model_from_env, run_sft
 
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
