@@ -49,6 +49,33 @@ class RunConfig(_Section):
     """Show a rich progress bar."""
     save_trajectories: bool = True
     """Archive each step's trajectories to trajectories/step_N.jsonl (for `deploy analyze`)."""
+    max_restarts: int = Field(3, ge=0)
+    """Times the run restarts its learner group from the last checkpoint after a learner rank
+    dies, before it gives up."""
+
+
+FaultComponent = Literal["rollout_worker", "learner", "env_pool", "skillbank_redis", "skillbank_actor", "driver"]
+
+
+class FaultsConfig(_Section):
+    """Fault injection, for testing only: kill one component at one training step and let the run
+    show it survives (`faults/restarts`, and the run's last line `faults survived: ...`)."""
+
+    enabled: bool = False
+    """Must be true for `kill` to be accepted (a guard against a stray override)."""
+    kill: FaultComponent | None = None
+    """The component to kill: a rollout worker mid-collect, one learner rank's process, an EnvPool
+    actor, the skill bank's Redis server, the skill-bank actor, or the driver."""
+    at_step: int = Field(1, ge=1)
+    """The training step at which the component is killed."""
+
+    @model_validator(mode="after")
+    def _guarded(self) -> FaultsConfig:
+        if self.kill is not None and not self.enabled:
+            raise ValueError(f"faults.kill={self.kill!r} needs faults.enabled=true (fault injection is for testing)")
+        if self.enabled and self.kill is None:
+            raise ValueError("faults.enabled=true needs faults.kill=<component>: " + ", ".join(FaultComponent.__args__))
+        return self
 
 
 class EvalConfig(_Section):
@@ -225,6 +252,7 @@ class TrainConfig(_Section):
     method: MethodConfig = Field(default_factory=MethodConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     uniskill: UniSkillConfig = Field(default_factory=UniSkillConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
 
     @model_validator(mode="before")
     @classmethod
