@@ -110,8 +110,13 @@ def skill_series(records: list[dict]) -> SkillSeries:
     """Pure: the step records of metrics.jsonl (any order, repeated steps keep the last) -> series."""
     by_step: dict[int, dict] = {}
     for r in records:
-        if "step" in r and any(k.startswith("uniskill/") for k in r):
-            by_step[int(r["step"])] = r
+        if not isinstance(r, dict):
+            raise TypeError(f"metrics record {str(r)[:80]!r} is not an object")
+        if "step" in r and any(isinstance(k, str) and k.startswith("uniskill/") for k in r):
+            step = r["step"]
+            if isinstance(step, bool) or not isinstance(step, int | float) or not float(step).is_integer():
+                raise ValueError(f"metrics record with step={step!r}: not an integer step")
+            by_step[int(step)] = r
     out = SkillSeries(ops={op: [] for op in (*OPS, "unparsed")})
     outcomes = sorted({k.removeprefix("uniskill/decision_") for r in by_step.values() for k in r
                        if k.startswith("uniskill/decision_")})

@@ -15,15 +15,19 @@ per reason tag so the trainer can log critic health."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, Self
 
 from rapidfuzz import fuzz
 
@@ -163,15 +167,28 @@ class VerdictParseError(ValueError):
     pass
 
 
+MAX_REPLY_BYTES = 1 << 20
+"""Longest reply body read from the LLM endpoint (a verdict envelope is a few hundred bytes)."""
+MAX_VERDICT_CHARS = 65_536
+"""Longest reply text searched for the verdict object."""
+
+
 def parse_verdict(text: str, critic: str) -> CriticVerdict:
-    """The first JSON object in `text` holding boolean op_reasonable and content_supported."""
+    """The first JSON object in `text` (its first MAX_VERDICT_CHARS characters) holding boolean
+    op_reasonable and content_supported."""
+    if not isinstance(text, str):
+        raise VerdictParseError(f"the reply is a {type(text).__name__}, not text")
+    text = text[:MAX_VERDICT_CHARS]
+    decoder = json.JSONDecoder()
     start = text.find("{")
     while start != -1:
         try:
-            obj, _ = json.JSONDecoder().raw_decode(text[start:])
+            obj, _ = decoder.raw_decode(text, start)
         except json.JSONDecodeError:
             start = text.find("{", start + 1)
             continue
+        except RecursionError:
+            raise VerdictParseError("the reply nests JSON too deeply to be a verdict") from None
         if isinstance(obj, dict) and isinstance(obj.get("op_reasonable"), bool) \
                 and isinstance(obj.get("content_supported"), bool):
             return verdict(obj["op_reasonable"], obj["content_supported"], str(obj.get("reason", ""))[:500], critic)
@@ -199,8 +216,64 @@ class PolicyCritic:
             return failed_verdict(f"critic_error: {type(err).__name__}: {err}", self.name)
 
 
+class _Deadline:
+    """One request's wall-clock limit: when it passes, the request's sockets are shut down, so that
+    no read blocks past it (a socket timeout bounds each read, not a reply trickled byte by byte or
+    a stalled header)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Self:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's opener (proxies and all) whose HTTP(S) connections report their sockets here."""
+        track = self._track
+
+        def tracking(handler: type) -> type:
+            class Handler(handler):
+                def do_open(self, http_class, req, **kwargs):
+                    class Connection(http_class):
+                        def connect(self) -> None:
+                            super().connect()
+                            track(self.sock)
+
+                    return super().do_open(Connection, req, **kwargs)
+
+            return Handler
+
+        return urllib.request.build_opener(tracking(urllib.request.HTTPHandler), tracking(urllib.request.HTTPSHandler))
+
+
 class LLMCritic:
-    """OpenAI-compatible /chat/completions critic with timeouts and retries (stdlib urllib)."""
+    """OpenAI-compatible /chat/completions critic with timeouts and retries (stdlib urllib). Each
+    attempt (connect, headers, body) ends within `timeout_s`; replies over MAX_REPLY_BYTES, not
+    JSON, or without a text `choices[0].message.content` are bad replies ("bad_json"), malformed
+    HTTP is "bad_reply"."""
 
     name = "llm"
 
@@ -218,12 +291,29 @@ class LLMCritic:
             headers["Authorization"] = f"Bearer {key}"
         req = urllib.request.Request(self.cfg.base_url.rstrip("/") + "/chat/completions", data=body,
                                      headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
-            payload = json.loads(resp.read().decode("utf-8"))
+        with _Deadline(self.cfg.timeout_s) as deadline:
+            try:
+                with deadline.opener().open(req, timeout=self.cfg.timeout_s) as resp:
+                    raw = resp.read(MAX_REPLY_BYTES + 1)
+            except (OSError, http.client.HTTPException) as err:
+                if deadline.expired:
+                    raise TimeoutError(f"no complete reply within {self.cfg.timeout_s:g}s") from err
+                raise
+            if deadline.expired:  # the shutdown socket read as the end of a shorter body
+                raise TimeoutError(f"no complete reply within {self.cfg.timeout_s:g}s")
+        if len(raw) > MAX_REPLY_BYTES:
+            raise VerdictParseError(f"the reply is larger than {MAX_REPLY_BYTES} bytes")
         try:
-            return payload["choices"][0]["message"]["content"]
+            payload = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as err:  # JSON and UTF-8 errors are ValueErrors
+            raise VerdictParseError(f"the reply is not JSON ({type(err).__name__}: {str(err)[:200]})") from err
+        try:
+            content = payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as err:
             raise VerdictParseError(f"reply has no choices[0].message.content: {str(payload)[:200]}") from err
+        if not isinstance(content, str):
+            raise VerdictParseError(f"reply content is a {type(content).__name__}, not text: {str(content)[:200]}")
+        return content
 
     def check_reachable(self) -> None:
         """Fail fast at start-up: GET {base_url}/models must get an HTTP answer (any status: the
@@ -257,6 +347,8 @@ class LLMCritic:
             except (TimeoutError, urllib.error.URLError, OSError) as err:
                 is_timeout = isinstance(err, TimeoutError) or isinstance(getattr(err, "reason", None), TimeoutError)
                 tag, reason = ("timeout" if is_timeout else "unreachable"), str(err)
+            except http.client.HTTPException as err:  # a bad status line, a body shorter than announced ...
+                tag, reason = "bad_reply", f"{type(err).__name__}: {str(err)[:200]}"
         self.failures[tag] += 1
         return failed_verdict(f"critic_{tag}: {reason} (after {attempt + 1} attempt(s))", self.name)
 

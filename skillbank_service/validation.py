@@ -5,7 +5,10 @@ and it must never read as instructions to the harness. A text that fails returns
 Allowed characters: printable ASCII, newline and tab (whitespace the duplicate key folds away),
 Latin-1/Latin Extended-A/B letters and the common typographic punctuation (dashes, curly quotes,
 ellipsis). Everything else is refused, which also covers CJK text (UniSkill scores skills with Chinese text as unsupported) and invisible format
-characters (zero-width, bidi overrides) that could hide content from a reviewer."""
+characters (zero-width, bidi overrides) that could hide content from a reviewer. The instruction
+patterns are matched on the text and on its NFKC case-folded form, so compatibility characters
+inside the allowed ranges ("\u00aa" for "a", "\u00ba" for "o", "\u017f" for "s", "\u00df" for "ss",
+a no-break space for a space) cannot spell a marker the plain text would be refused for."""
 
 from __future__ import annotations
 
@@ -54,8 +57,9 @@ def validate_skill_text(text: object, *, min_chars: int, max_chars: int) -> str 
         tag = _bad_char(ch)
         if tag is not None:
             return f"{tag}: character U+{ord(ch):04X} at offset {i} is not allowed in skill text"
+    folded = unicodedata.normalize("NFKC", text).casefold()
     for tag, pattern in _INSTRUCTION_PATTERNS:
-        m = pattern.search(text)
+        m = pattern.search(text) or pattern.search(folded)
         if m:
             return f"instruction: {tag} {m.group(0).strip()!r} reads as an instruction to the harness, not a skill"
     return None

@@ -1,6 +1,6 @@
 """Side-by-side final metrics of several runs: the last evaluation (Avg@k +- s.e., Pass@k, per
 task type), last-5-step means of the health metrics (response length, repeated 4-gram ratio) and
-the method, as a Markdown table (OUT.md) and a bar chart (OUT.png)."""
+the method, as a Markdown table and a bar chart (OUT with the suffixes .md and .png)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.analysis.uniskill_plots import read_metrics
 from deploy.evaluation import EvalResult
 
 HEALTH_KEYS = ("response_len_mean", "rep4gram_ratio")
@@ -41,7 +42,7 @@ def _last_eval(run_dir: Path) -> EvalResult | None:
 
 def _health(run_dir: Path) -> tuple[dict[str, float], int]:
     path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    records = read_metrics(run_dir) if path.exists() else []
     out = {}
     for key in HEALTH_KEYS:
         vals = [float(r[key]) for r in records if isinstance(r.get(key), (int, float))][-LAST_STEPS:]
@@ -53,8 +54,9 @@ def summarize_run(run_dir: Path) -> RunSummary:
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.resolved.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    name = cfg.get("run", {}).get("name") or run_dir.name
-    method = cfg.get("method", {}).get("name", "?")
+    run, method_section = ((cfg.get(k) if isinstance(cfg, dict) else None) for k in ("run", "method"))
+    name = (run.get("name") if isinstance(run, dict) else None) or run_dir.name
+    method = method_section.get("name", "?") if isinstance(method_section, dict) else "?"
     health, steps = _health(run_dir)
     s = RunSummary(run_dir=str(run_dir), name=name, method=method, steps=steps, **health)
     ev = _last_eval(run_dir)

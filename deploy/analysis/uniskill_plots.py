@@ -1,4 +1,4 @@
-"""UniSkill edit-op distribution and skill-bank growth over training steps (ALGORITHMS.md S8: "without
+"""UniSkill edit-op distribution and skill-bank growth over training steps (docs/algorithms.md S8: "without
 the support regulariser the op distribution collapses to Add"; "the bank grows fast early, then
 slower as fewer Adds pass").
 
@@ -57,7 +57,18 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: pass --run a training run directory")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text().split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+        if not isinstance(record, dict):
+            raise TypeError(f"{path}:{number}: expected a JSON object (one step's metrics)")
+        records.append(record)
+    return records
 
 
 def run_skills_growth(run_dir: Path, *, out_dir: Path | None = None) -> SkillsGrowthResult:

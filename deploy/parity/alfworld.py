@@ -59,23 +59,41 @@ def _step_record(action: str | None, obs: str, info: dict[str, Any], done: bool)
 
 
 def read_transcripts(path: Path) -> Iterator[dict[str, Any]]:
-    """Episodes of a JSONL file; a malformed line raises ValueError naming the file and line."""
-    with Path(path).open() as fh:
+    """Episodes of a JSONL file; a malformed line raises ValueError (TypeError for a value of the
+    wrong type) naming the file and line.
+
+    Checked here, so that a replay only meets well-shaped episodes: each line is an object with a
+    string `game`, a positive integer `max_steps` when given, and a non-empty list of step objects
+    whose first action is null and every later action a string."""
+    with Path(path).open(errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            where = f"{path}:{lineno}"
             try:
                 episode = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not JSON ({exc})") from exc
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise ValueError(f"{where}: not JSON ({exc})") from exc
+            if not isinstance(episode, dict):
+                raise TypeError(f"{where}: expected an episode object, got a JSON {type(episode).__name__}")
             for key in ("game", "steps"):
                 if key not in episode:
-                    raise ValueError(f"{path}:{lineno}: episode has no {key!r} key")
+                    raise ValueError(f"{where}: episode has no {key!r} key")
             if episode.get("env", "alfworld") != "alfworld":
-                raise ValueError(f"{path}:{lineno}: env {episode['env']!r} is not alfworld")
+                raise ValueError(f"{where}: env {episode['env']!r} is not alfworld")
+            if not isinstance(episode["game"], str):
+                raise TypeError(f"{where}: 'game' must be the game folder (a string)")
+            max_steps = episode.get("max_steps", 50)
+            if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+                raise ValueError(f"{where}: 'max_steps' must be a positive integer, got {max_steps!r}")
             steps = episode["steps"]
+            if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+                raise ValueError(f"{where}: 'steps' must be a list of step objects")
             if not steps or steps[0].get("action") is not None:
-                raise ValueError(f"{path}:{lineno}: the first step must be the reset (action null)")
+                raise ValueError(f"{where}: the first step must be the reset (action null)")
+            bad = next((i for i, s in enumerate(steps[1:], 1) if not isinstance(s.get("action"), str)), None)
+            if bad is not None:
+                raise ValueError(f"{where}: step {bad} has no action string")
             yield episode
 
 

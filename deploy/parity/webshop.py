@@ -35,13 +35,19 @@ REWARD_TOLERANCE = 1e-6
 
 def _read_jsonl(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
     rows = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err})") from err
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: not JSON ({err.msg}); each line must be one {what}") from err
+        except RecursionError as err:
+            raise ValueError(f"{path}:{number}: JSON nested too deeply; each line must be one {what}") from err
         if not isinstance(row, dict):
             raise TypeError(f"{path}:{number}: expected a JSON object (one {what})")
         rows.append((number, row))
@@ -105,19 +111,44 @@ def _compare(
         report.identical_steps += 1
 
 
+def _check_transcript(row: dict[str, Any], where: str) -> None:
+    """The shape replay relies on (see the module doc); a ValueError naming `where` otherwise."""
+    for key in ("goal_mode", "session", "steps"):
+        if key not in row:
+            raise ValueError(f"{where}: transcript lacks {key!r}")
+    if row["goal_mode"] not in ("synthetic", "human"):
+        raise ValueError(f"{where}: goal_mode must be 'synthetic' or 'human', got {row['goal_mode']!r}")
+    session = row["session"]
+    if isinstance(session, bool) or not isinstance(session, int) or session < 0:
+        raise ValueError(f"{where}: session must be a goal index (an integer >= 0), got {session!r}")
+    steps = row["steps"]
+    if not isinstance(steps, list) or not steps or not all(isinstance(step, dict) for step in steps):
+        raise ValueError(f"{where}: steps must be a non-empty list of step objects")
+    for index, step in enumerate(steps):
+        if index and not isinstance(step.get("action"), str):
+            raise ValueError(f"{where}: step {index} has no action string")
+        reward = step.get("reward", 0.0)
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise TypeError(f"{where}: step {index} has a non-numeric reward {reward!r}")
+        ranking = step.get("search_ranking", [])
+        if not isinstance(ranking, list) or not all(isinstance(a, str) for a in ranking):
+            raise ValueError(f"{where}: step {index} search_ranking must be a list of asins")
+
+
 def replay(*, backend: str, data_path: Path, transcripts: Path, env_meta: Path | None = None) -> ReplayReport:
     """Replay every transcript on `backend` and compare each step (see module doc)."""
     meta = json.loads(Path(env_meta).read_text()) if env_meta is not None else {}
     backends = _Backends(backend, Path(data_path), meta, _REPLAY_MAX_STEPS)
     report = ReplayReport()
     for number, row in _read_jsonl(transcripts, "transcript"):
-        for key in ("goal_mode", "session", "steps"):
-            if key not in row:
-                raise ValueError(f"{transcripts}:{number}: transcript lacks {key!r}")
-        mode, session, steps = row["goal_mode"], int(row["session"]), row["steps"]
+        _check_transcript(row, f"{transcripts}:{number}")
+        mode, session, steps = row["goal_mode"], row["session"], row["steps"]
         episode = f"{mode}/{session}"
         env = backends.env(mode)
-        obs, _ = env.reset(options={"session": session, "goal_mode": mode})
+        try:
+            obs, _ = env.reset(options={"session": session, "goal_mode": mode})
+        except ValueError as err:  # a goal index the catalogue does not have
+            raise ValueError(f"{transcripts}:{number}: {err}") from err
         _compare(
             report,
             episode,
@@ -126,9 +157,7 @@ def replay(*, backend: str, data_path: Path, transcripts: Path, env_meta: Path |
             {"observation": obs, "available_actions": env.available_actions(), "reward": 0.0, "done": False},
         )
         for index, step in enumerate(steps[1:], start=1):
-            action = step.get("action")
-            if not isinstance(action, str):
-                raise TypeError(f"{transcripts}:{number}: step {index} has no action string")
+            action = step["action"]
             recorded = step.get("search_ranking")
             if backend == "embedded":
                 name, arg = parse_action(action)
@@ -242,10 +271,13 @@ def check_rewards(cases: Path) -> tuple[int, int, list[str]]:
         missing = [k for k in _CASE_KEYS if k not in case]
         if missing:
             raise ValueError(f"{cases}:{number}: reward case lacks {missing} (needs {', '.join(_CASE_KEYS)})")
-        expected = float(case["result"]["total"])
-        info = get_reward(
-            case["purchased_product"], case["goal"], float(case["price"]), case["selected_options"]
-        )
+        try:
+            expected = float(case["result"]["total"])
+            info = get_reward(
+                case["purchased_product"], case["goal"], float(case["price"]), case["selected_options"]
+            )
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as err:
+            raise ValueError(f"{cases}:{number}: malformed reward case ({type(err).__name__}: {err})") from err
         if abs(info.total - expected) <= REWARD_TOLERANCE:
             matched += 1
             continue

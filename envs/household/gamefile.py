@@ -119,8 +119,11 @@ def load_game(game_dir: Path | str) -> GameFile:
     try:
         game = json.loads(game_path.read_text())
         traj = json.loads(traj_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
         raise GameFileError(f"cannot read {path}: {exc}") from exc
+    for file, content in ((game_path, game), (traj_path, traj)):
+        if not isinstance(content, dict):
+            raise GameFileError(f"{file} holds a JSON {type(content).__name__}, not an object")
     for key in ("pddl_domain", "grammar", "pddl_problem"):
         if not isinstance(game.get(key), str):
             raise GameFileError(f"{game_path} has no {key!r} text; is it an alfworld 0.4 game.tw-pddl?")
@@ -130,11 +133,14 @@ def load_game(game_dir: Path | str) -> GameFile:
             "implements exactly that domain (use backend 'alfworld' for other domains)"
         )
     goal_text = _goal_text(game["grammar"], game_path)
-    objects, init, goal = parse_problem(game["pddl_problem"], source=str(game_path))
+    objects, init, goal = parse_problem(game["pddl_problem"], source=str(game_path), predicates=domain_predicates())
     task_type = traj.get("task_type")
     if not isinstance(task_type, str):
         raise GameFileError(f"{traj_path} has no task_type")
-    params = {k: str(v) for k, v in (traj.get("pddl_params") or {}).items()}
+    raw_params = traj.get("pddl_params") or {}
+    if not isinstance(raw_params, dict):
+        raise GameFileError(f"{traj_path}: pddl_params is a {type(raw_params).__name__}, not an object")
+    params = {k: str(v) for k, v in raw_params.items()}
     return GameFile(
         path=path,
         task_type=task_type,
@@ -153,6 +159,19 @@ def _shipped(attr: str) -> str:
     import alfworld.info
 
     return Path(getattr(alfworld.info, attr)).read_text()
+
+
+@cache
+def domain_predicates() -> dict[str, int]:
+    """The arity of every predicate alfred.pddl declares."""
+    tree = parse_sexpr(_shipped("ALFRED_PDDL_PATH"), source="alfred.pddl")
+    sections = [p for p in tree[1:] if isinstance(p, list) and p and p[0] == ":predicates"]
+    return {
+        p[0]: len(_typed_list(p[1:], "alfred.pddl"))
+        for section in sections
+        for p in section[1:]
+        if isinstance(p, list) and p and isinstance(p[0], str)
+    }
 
 
 def _squash(text: str) -> str:
@@ -207,8 +226,12 @@ def parse_sexpr(text: str, *, source: str = "<pddl>") -> SExpr:
     return stack[0][0]
 
 
-def parse_problem(text: str, *, source: str = "<pddl>") -> tuple[dict[str, str], frozenset[Atom], Formula]:
-    """(objects id -> type, initial atoms, goal formula) of a `(define (problem ..) ..)` text."""
+def parse_problem(
+    text: str, *, source: str = "<pddl>", predicates: dict[str, int] | None = None
+) -> tuple[dict[str, str], frozenset[Atom], Formula]:
+    """(objects id -> type, initial atoms, goal formula) of a `(define (problem ..) ..)` text.
+    `predicates` (name -> arity, e.g. `domain_predicates()`): atoms of a declared predicate with
+    another number of arguments are refused."""
     tree = parse_sexpr(text, source=source)
     if not (isinstance(tree, list) and tree and tree[0] == "define"):
         raise GameFileError(f"{source}: the PDDL problem must start with (define ...)")
@@ -236,11 +259,15 @@ def parse_problem(text: str, *, source: str = "<pddl>") -> tuple[dict[str, str],
         unknown = [a for a in atom[1:] if a not in objects]
         if unknown:
             raise GameFileError(f"{source}: initial fact {atom} uses undeclared objects {unknown}")
+        _check_arity(atom[0], len(atom) - 1, predicates, f"{source}: initial fact {atom}")
         init.add(atom)
     goal_body = sections[":goal"]
     if len(goal_body) != 1:
         raise GameFileError(f"{source}: the :goal section must hold one formula")
-    goal = _formula(goal_body[0], source, objects)
+    try:
+        goal = _formula(goal_body[0], source, objects, predicates)
+    except RecursionError:
+        raise GameFileError(f"{source}: the goal formula is nested too deeply") from None
     return objects, frozenset(init), goal
 
 
@@ -266,22 +293,32 @@ def _typed_list(items: list[SExpr], source: str) -> list[tuple[str, str]]:
     return out
 
 
-def _formula(node: SExpr, source: str, objects: dict[str, str]) -> Formula:
+def _check_arity(pred: str, n: int, predicates: dict[str, int] | None, what: str) -> None:
+    expected = 2 if pred == "=" else (predicates or {}).get(pred)
+    if expected is not None and expected != n:
+        raise GameFileError(f"{what}: {pred!r} takes {expected} argument(s), got {n}")
+
+
+def _formula(
+    node: SExpr, source: str, objects: dict[str, str], predicates: dict[str, int] | None = None
+) -> Formula:
     if not isinstance(node, list) or not node or not isinstance(node[0], str):
         raise GameFileError(f"{source}: malformed goal formula {node!r}")
     head, rest = node[0], node[1:]
     match head:
         case "and":
-            return And(tuple(_formula(x, source, objects) for x in rest))
+            return And(tuple(_formula(x, source, objects, predicates) for x in rest))
         case "or":
-            return Or(tuple(_formula(x, source, objects) for x in rest))
+            return Or(tuple(_formula(x, source, objects, predicates) for x in rest))
         case "not":
-            return Not(_formula(rest[0], source, objects))
+            if len(rest) != 1:
+                raise GameFileError(f"{source}: (not ...) takes one formula, got {len(rest)}")
+            return Not(_formula(rest[0], source, objects, predicates))
         case "exists" | "forall":
             if len(rest) != 2 or not isinstance(rest[0], list):
                 raise GameFileError(f"{source}: malformed ({head} ...) in the goal")
             variables = tuple(_typed_list(rest[0], source))
-            body = _formula(rest[1], source, objects)
+            body = _formula(rest[1], source, objects, predicates)
             return Exists(variables, body) if head == "exists" else Forall(variables, body)
         case "imply" | "when" | "preference":
             raise GameFileError(
@@ -293,6 +330,7 @@ def _formula(node: SExpr, source: str, objects: dict[str, str]) -> Formula:
     unknown = [a for a in args if not a.startswith("?") and a not in objects]
     if unknown:
         raise GameFileError(f"{source}: goal atom {node!r} uses undeclared objects {unknown}")
+    _check_arity(head, len(args), predicates, f"{source}: goal atom {node!r}")
     return Lit(head, args)
 
 

@@ -23,11 +23,13 @@ goals with recorded ones for parity replays.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -42,6 +44,27 @@ HUMAN_FILE = "items_human_ins.json"
 GOAL_SHUFFLE_SEED = 233
 NO_PRICE_LIMIT = 1000000
 _PRICE_STEPS = [10.0 * i for i in range(1, 100)]
+
+
+class CatalogueError(ValueError):
+    """A WebShop catalogue file the loader cannot use: names the file or the product, and the problem."""
+
+
+@contextlib.contextmanager
+def _record(what: str) -> Iterator[None]:
+    """Turn a lookup into a malformed record (a missing key, a value of the wrong type) into a
+    CatalogueError naming the record."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        raise CatalogueError(f"{what}: malformed record ({type(err).__name__}: {err})") from err
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, RecursionError) as err:  # JSON and UTF-8 errors are ValueErrors
+        raise CatalogueError(f"{path}: not a readable JSON file ({err})") from None
 
 
 @dataclass
@@ -94,12 +117,12 @@ def read_raw(data_path: Path) -> RawCatalogue:
     """Read the upstream files from `data_path` (human instructions optional)."""
     if not data_path.is_dir():
         raise FileNotFoundError(f"WebShop data_path {data_path} is not a folder")
-    products = json.loads(find_file(data_path, PRODUCT_FILES).read_text())
-    attributes = json.loads(find_file(data_path, ATTRIBUTE_FILES).read_text())
+    products = _read_json(find_file(data_path, PRODUCT_FILES))
+    attributes = _read_json(find_file(data_path, ATTRIBUTE_FILES))
     human_path = data_path / HUMAN_FILE
-    human = json.loads(human_path.read_text()) if human_path.is_file() else {}
+    human = _read_json(human_path) if human_path.is_file() else {}
     if not isinstance(products, list) or not isinstance(attributes, dict) or not isinstance(human, dict):
-        raise TypeError(
+        raise CatalogueError(
             f"{data_path}: expected a list of products, a dict of attributes by asin and a dict of human "
             "instructions by asin (upstream WebShop schemas)"
         )
@@ -113,11 +136,11 @@ def parse_pricing(raw: Any, asin: str) -> tuple[list[float], str]:
     try:
         values = [float(Decimal(re.sub(r"[^\d.]", "", part))) for part in str(raw).split("$")[1:]]
     except InvalidOperation as err:
-        raise ValueError(
+        raise CatalogueError(
             f"product {asin}: unreadable pricing {raw!r} (expected '$12.99' or '$10$20')"
         ) from err
     if not values:
-        raise ValueError(f"product {asin}: pricing {raw!r} has no '$' amount")
+        raise CatalogueError(f"product {asin}: pricing {raw!r} has no '$' amount")
     if len(values) == 1:
         return values, f"${values[0]}"
     return values[:2], f"${values[0]} to ${values[1]}"
@@ -127,40 +150,48 @@ def derive_products(raw: RawCatalogue, goal_mode: GoalMode) -> list[dict[str, An
     """Upstream `load_products`: cleaned product dicts with the derived keys (see module doc)."""
     seen: set[str] = set()
     products = []
-    for record in raw.products:
-        asin = record["asin"]
+    for index, record in enumerate(raw.products):
+        asin = record.get("asin") if isinstance(record, dict) else None
+        if not isinstance(asin, str):
+            raise CatalogueError(f"product #{index}: expected an object with a string 'asin', got {str(record)[:80]}")
         if asin == "nan" or len(asin) > 10 or asin in seen:
             continue
         seen.add(asin)
-        product = dict(record)
-        small = record.get("small_description", [])
-        pricing, price_tag = parse_pricing(record.get("pricing"), asin)
-        options: dict[str, list[str]] = {}
-        for name, contents in (record.get("customization_options") or {}).items():
-            if contents is None:
-                continue
-            options[name.lower()] = [c["value"].strip().replace("/", " | ").lower() for c in contents]
-        attrs = raw.attributes.get(asin, {})
-        product.update(
-            Title=record["name"],
-            Description=record["full_description"],
-            BulletPoints=small if isinstance(small, list) else [small],
-            Reviews=[],
-            Rating="N.A.",
-            pricing=pricing,
-            Price=price_tag,
-            options=options,
-            Attributes=attrs.get("attributes", ["DUMMY_ATTR"]),
-            query=record["query"].lower().strip(),
-        )
-        if goal_mode == "human":
-            if asin in raw.human_instructions:
-                product["instructions"] = raw.human_instructions[asin]
-        else:
-            product["instruction_text"] = attrs.get("instruction")
-            product["instruction_attributes"] = attrs.get("instruction_attributes")
-        products.append(product)
+        with _record(f"product {asin}"):
+            products.append(_derive_product(record, asin, raw, goal_mode))
     return products
+
+
+def _derive_product(record: dict[str, Any], asin: str, raw: RawCatalogue, goal_mode: GoalMode) -> dict[str, Any]:
+    """One record of `derive_products`."""
+    product = dict(record)
+    small = record.get("small_description", [])
+    pricing, price_tag = parse_pricing(record.get("pricing"), asin)
+    options: dict[str, list[str]] = {}
+    for name, contents in (record.get("customization_options") or {}).items():
+        if contents is None:
+            continue
+        options[name.lower()] = [c["value"].strip().replace("/", " | ").lower() for c in contents]
+    attrs = raw.attributes.get(asin, {})
+    product.update(
+        Title=record["name"],
+        Description=record["full_description"],
+        BulletPoints=small if isinstance(small, list) else [small],
+        Reviews=[],
+        Rating="N.A.",
+        pricing=pricing,
+        Price=price_tag,
+        options=options,
+        Attributes=attrs.get("attributes", ["DUMMY_ATTR"]),
+        query=record["query"].lower().strip(),
+    )
+    if goal_mode == "human":
+        if asin in raw.human_instructions:
+            product["instructions"] = raw.human_instructions[asin]
+    else:
+        product["instruction_text"] = attrs.get("instruction")
+        product["instruction_attributes"] = attrs.get("instruction_attributes")
+    return product
 
 
 def product_prices(products: list[dict[str, Any]], rng: random.Random) -> dict[str, float]:
@@ -192,7 +223,7 @@ def synthetic_goals(
             continue
         attributes = p["instruction_attributes"]
         if not attributes:
-            raise ValueError(f"product {p['asin']}: synthetic instruction without instruction_attributes")
+            raise CatalogueError(f"product {p['asin']}: synthetic instruction without instruction_attributes")
         upper, price_text = _price_limit(prices[p["asin"]], rng)
         names = sorted(p["options"])
         for combination in itertools.product(*(p["options"][n] for n in names)):
@@ -245,7 +276,10 @@ def build_catalogue(raw: RawCatalogue, goal_mode: GoalMode, seed: int) -> Catalo
     rng = random.Random(seed)
     prices = product_prices(products, rng)
     make = human_goals if goal_mode == "human" else synthetic_goals
-    goals = make(products, prices, rng)
+    goals = []
+    for p in products:  # product by product (the same draws in the same order) to name a bad record
+        with _record(f"product {p['asin']}"):
+            goals += make([p], prices, rng)
     random.Random(GOAL_SHUFFLE_SEED).shuffle(goals)
     return Catalogue(products=products, prices=prices, goals=goals, goal_mode=goal_mode)
 

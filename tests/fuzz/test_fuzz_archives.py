@@ -27,9 +27,12 @@ from deploy.analysis.replay_audit import iter_steps
 from deploy.analysis.teacher_intervention import collect_states, load_trajectories
 from deploy.analysis.uniskill_plots import growth_summary, read_metrics
 from deploy.plots import skill_series
+from deploy.stages.smrc_sd import TeacherRouter
 from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.tasks import eval_tasks
+from rollout_workers.config import RolloutConfig
+from rollout_workers.episode import Episode
 from rollout_workers.parsing import action_choice
 from rollout_workers.types import Trajectory, Turn
 from routing.matching import MATCHERS
@@ -252,3 +255,25 @@ def test_metrics_and_run_summaries_load_or_raise_value_error(fuzz_cases, run_dir
         summarize_run(run_dir)
     except (ValueError, TypeError) as err:
         _assert_named(err, str(run_dir), "metrics record")
+
+
+LINE_BREAKERS = st.sampled_from(["\u2028", "\u2029", "\x85", "\x1c", "\r", "\r\n", "\x0b", "\x0c"])
+
+
+@FUZZ
+@given(trajs=retyped_trajectories(), text=st.lists(st.one_of(TEXT, LINE_BREAKERS), max_size=4).map("".join))
+def test_success_buffer_checkpoint_round_trips_any_text(fuzz_cases, run_dir, trajs, text):
+    """The router's success buffer (part of a checkpoint) reads back whatever text its
+    trajectories hold, line separators included."""
+    fuzz_cases(CLASS)
+    trajs = [t.model_copy(update={"success": True, "turns": tuple(
+        turn.model_copy(update={"response_text": turn.response_text + text, "next_observation": text})
+        for turn in t.turns)}) for t in trajs]
+    live = TeacherRouter(method="smrc_sd", matcher="structured", parts=None, audit_matchers=(),
+                         rollout=RolloutConfig(), tokenizer=None, max_chars=1000, seed=0)
+    live.buffer.extend(Episode(t) for t in trajs if t.turns)
+    live.save(run_dir / "router_buffer.jsonl")
+    resumed = TeacherRouter(method="smrc_sd", matcher="structured", parts=None, audit_matchers=(),
+                            rollout=RolloutConfig(), tokenizer=None, max_chars=1000, seed=0)
+    resumed.load(run_dir / "router_buffer.jsonl")
+    assert [e.traj for e in resumed.buffer.items()] == [e.traj for e in live.buffer.items()]

@@ -185,3 +185,30 @@ def test_set_strings_apply_or_raise_config_error(fuzz_cases, overrides):
         return
     assert isinstance(tree, dict)
     _assert_clean(lambda: load_config(None, overrides))
+
+
+CLI_FUZZ = settings(FUZZ, max_examples=_scaled(60))
+DEMO = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "demo_cpu.yaml"
+
+
+@CLI_FUZZ
+@given(overrides=st.lists(st.one_of(OVERRIDE, st.sampled_from(KEYS).flatmap(
+    lambda k: schema_value(k).map(lambda v: f"{k}={json.dumps(v, allow_nan=True)}"))), min_size=1, max_size=3))
+def test_cli_set_options_validate_or_exit_2_with_a_message(fuzz_cases, overrides):
+    """`python -m deploy validate-config -c demo_cpu.yaml --set ...` as a user types it: the
+    resolved config (exit 0) or the loader's message (exit 2), never a traceback."""
+    from typer.testing import CliRunner
+
+    from deploy.cli import app
+
+    fuzz_cases(CLASS)
+    args = ["validate-config", "--config", str(DEMO)]
+    for item in overrides:
+        args += ["--set", item]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (0, 2), (result.exit_code, result.output[-500:], result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    if result.exit_code == 0:
+        assert json.loads(result.stdout)["run"]
+    else:
+        assert result.output.strip()

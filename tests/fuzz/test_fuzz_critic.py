@@ -205,7 +205,9 @@ def _judge_within_bound(fuzz_cases, endpoint, case: tuple[Reply, dict | None], r
     got = critic.judge(REQUEST)
     elapsed = time.monotonic() - start
     endpoint.last_reasons.append(got.reason)
-    assert elapsed <= (retries + 1) * (2 * TIMEOUT_S + 0.5) + 1.0, elapsed
+    # each attempt ends within its deadline; the slack is CPU time on a loaded machine (a reply
+    # trickled slower than any per-read timeout would take 16 s here without the deadline)
+    assert elapsed <= (retries + 1) * (TIMEOUT_S + 1.5) + 2.0, elapsed
     if verdict is not None:
         assert not got.failed and got.op_reasonable == verdict["op_reasonable"]
         assert got.passed == (verdict["op_reasonable"] and verdict["content_supported"])
