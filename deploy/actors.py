@@ -5,7 +5,8 @@
   call come back as done with `env_error` set, and the actor is restarted by Ray
   (`max_restarts=-1`) for the next reset.
 - `LearnerActor` adds `export_weight_files`: the exported HF directory as bytes, so weights travel
-  through the Ray object store to each engine's node (no shared filesystem needed).
+  through the Ray object store to each engine's node (no shared filesystem needed). Ranks are not
+  restarted by Ray: a group that lost a rank is replaced as a whole (`deploy.topology`).
 """
 
 from __future__ import annotations
@@ -22,17 +23,32 @@ RESET_BACKOFF_S = 0.5
 
 
 class RemoteEnvPool:
-    """EnvPoolClient over a Ray actor handle; converts actor death into env_error steps."""
+    """EnvPoolClient over a Ray actor handle; converts actor death into env_error steps.
 
-    def __init__(self, handle, num_envs: int, name: str):
+    With `namespace` (a named actor: `name` in that Ray namespace) a pickled copy carries the
+    name, not the handle, and looks the actor up where it is used: a rollout worker built with it
+    then has no actor handle among its constructor arguments, which Ray needs to restart it safely."""
+
+    def __init__(self, handle, num_envs: int, name: str, *, namespace: str | None = None):
         self._handle = handle
         self._num_envs = num_envs
         self.name = name
+        self.namespace = namespace
         self.actor_failures = 0
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if self.namespace is not None:
+            state["_handle"] = None
+        return state
 
     @property
     def handle(self):
         """The EnvPool actor handle (for shutdown and inspection)."""
+        if self._handle is None:
+            import ray
+
+            self._handle = ray.get_actor(self.name, namespace=self.namespace)
         return self._handle
 
     def num_envs(self) -> int:
@@ -51,7 +67,7 @@ class RemoteEnvPool:
 
         for attempt in range(attempts):
             try:
-                return ray.get(getattr(self._handle, method).remote(slots, payload))
+                return ray.get(getattr(self.handle, method).remote(slots, payload))
             except (RayActorError, ActorUnavailableError) as err:
                 failure = err
                 if attempt + 1 < attempts:
@@ -67,7 +83,10 @@ class RemoteEnvPool:
 class LearnerActor(LearnerWorker):
     """LearnerWorker plus byte-level weight export for cross-node sync."""
 
-    def export_weight_files(self) -> dict[str, bytes]:
+    def export_weight_files(self) -> tuple[dict[str, bytes], int]:
+        """(files, number of files): called with `num_returns=2`, so the driver can wait on the
+        small count (and see a failure) without pulling the weights to its node."""
         with tempfile.TemporaryDirectory(prefix="agentrl-export-") as tmp:
             self.export_weights(tmp)
-            return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+            files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+        return files, len(files)

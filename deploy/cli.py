@@ -64,12 +64,24 @@ def train(config: ConfigOpt, set_: SetOpt = None,
           resume: Annotated[bool, typer.Option(help="continue from the latest checkpoint in run.output_dir")] = False,
           verbose: VerboseOpt = False) -> None:
     """Train with the configured method on a local or remote Ray cluster."""
+    import signal
+
     from deploy.runner import run_training
 
     cfg = _load(config, set_)
     _check_model(cfg.model.path)
     _route_logs(cfg.run.output_dir, verbose)
-    run_training(cfg, resume=resume)
+    # `ray job stop` and a plain `kill` send SIGTERM: unwind, so the actors and the bank's server stop.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    run_dir = run_training(cfg, resume=resume)
+    if cfg.faults.enabled:
+        import ray
+
+        from deploy.faults import FaultRecord
+
+        ray.shutdown()  # nothing of Ray's may print after the last line
+        record = FaultRecord.load(run_dir)
+        typer.echo(record.line() if record is not None else f"faults: {cfg.faults.kill} was never injected")
 
 
 @app.command("eval")

@@ -1,21 +1,47 @@
 """`Cluster`: the driver's handle on the running actors, with one method per thing the training
 step asks of them (collect, generate UniSkill proposals, train, sync weights, checkpoint). The
-training step's Ray calls live here (the skill-bank actor's in `deploy.skillbank_actor`)."""
+training step's Ray calls live here (the skill-bank actor's in `deploy.skillbank_actor`).
+
+Failures (docs/architecture.md "Failures"): every wait is bounded by `ray.call_timeout_s`
+(`deploy.recovery.CallTimeout`). A rollout worker that dies is restarted by Ray; the calls it
+lost are re-run on it after it has reloaded the current weights (`_recover_worker`), the other
+workers' results are kept. A learner rank that dies or stops answering raises
+`LearnerGroupFailed`; the trainer then replaces the whole group (`restart_learners`).
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deploy.config import TrainConfig
+from deploy.recovery import (
+    CallTimeout,
+    LearnerGroupFailed,
+    Recovery,
+    gather,
+    get_all,
+    is_actor_death,
+    wait_alive,
+)
 from envs.types import TaskSpec
 from rollout_workers.types import Generation, RolloutStats, Trajectory
 
 if TYPE_CHECKING:
     from deploy.stages.uniskill_glue import ProposalRequest
+    from deploy.topology import LearnerGroup
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 30.0
+"""How long a learner rank may take to answer a liveness probe after a failed call."""
+
+WorkerJob = tuple[int, Callable[[Any], Any]]
+"""(rollout worker index, submit(handle) -> ObjectRef)."""
 
 
 def merge_stats(stats: Sequence[RolloutStats], wall_s: float) -> RolloutStats:
@@ -35,8 +61,16 @@ class Cluster:
     cfg: TrainConfig
     pools: list
     workers: list
-    learners: list = field(default_factory=list)
-    learner_group: object | None = None
+    learner_group: LearnerGroup | None = None
+    model_path: str = ""
+    policy_version: int = 0
+    """The version the engines hold (set by `sync_weights`); a restarted worker reloads it."""
+    weights_digest: str | None = None
+    """Digest of the weights of the last sync (`rollout_workers.worker.files_digest`)."""
+    recoveries: list[Recovery] = field(default_factory=list)
+    """Survived failures not yet logged (drained by the trainer into metrics.jsonl)."""
+    on_submit: Callable[[str], None] | None = None
+    """Called with "collect" / "train" once those calls are in flight (the fault injector's hook)."""
 
     @classmethod
     def start(cls, cfg: TrainConfig, model_path: str, *, with_learner: bool = True) -> Cluster:
@@ -52,51 +86,148 @@ class Cluster:
         check_resources(cfg, with_learner=with_learner)
         pools = start_env_pools(cfg)
         workers = start_rollout_workers(cfg, model_path, pools)
-        learners, group = start_learners(cfg, model_path) if with_learner else ([], None)
-        return cls(cfg=cfg, pools=pools, workers=workers, learners=learners, learner_group=group)
+        group = start_learners(cfg, model_path) if with_learner else None
+        return cls(cfg=cfg, pools=pools, workers=workers, learner_group=group, model_path=model_path)
 
-    def _episodes_per_worker(self) -> int:
-        n = len(self.workers)
-        return sum(p.num_envs() for i, p in enumerate(self.pools) if i % n == 0)
-
-    def collect(
-        self, tasks: Sequence[TaskSpec], *, group_size: int, policy_version: int, temperature: float,
-        skill_texts: Mapping[str, str | None] | None = None,
-    ) -> tuple[list[Trajectory], RolloutStats]:
-        """Run `group_size` episodes per task across the rollout workers (chunked to env capacity);
-        `skill_texts` (UniSkill) maps task_id -> the skill shown in that task's actor prompts."""
-        import ray
-
-        start = time.perf_counter()
-        per_call = max(1, self._episodes_per_worker() // group_size)
-        futures = []
-        for w, worker in enumerate(self.workers):
-            share = list(tasks[w :: len(self.workers)])
-            for i in range(0, len(share), per_call):
-                futures.append(worker.collect.remote(
-                    share[i : i + per_call], group_size=group_size,
-                    policy_version=policy_version, temperature=temperature,
-                    skill_texts={t.task_id: skill_texts.get(t.task_id) for t in share[i : i + per_call]}
-                    if skill_texts else None))
-        results = ray.get(futures)
-        trajectories = [t for trajs, _ in results for t in trajs]
-        return trajectories, merge_stats([s for _, s in results], time.perf_counter() - start)
+    @property
+    def learners(self) -> list:
+        return self.learner_group.actors if self.learner_group is not None else []
 
     @property
     def num_workers(self) -> int:
         return len(self.workers)
 
+    @property
+    def _timeout_s(self) -> float:
+        return self.cfg.ray.call_timeout_s
+
+    def _submitted(self, what: str) -> None:
+        if self.on_submit is not None:
+            self.on_submit(what)
+
+    def _episodes_per_worker(self) -> int:
+        n = len(self.workers)
+        return sum(p.num_envs() for i, p in enumerate(self.pools) if i % n == 0)
+
+    # ---- rollout workers ---------------------------------------------------------------------
+    def collect(
+        self, tasks: Sequence[TaskSpec], *, group_size: int, policy_version: int, temperature: float,
+        skill_texts: Mapping[str, str | None] | None = None,
+    ) -> tuple[list[Trajectory], RolloutStats]:
+        """Run `group_size` episodes per task across the rollout workers (chunked to env capacity);
+        `skill_texts` (UniSkill) maps task_id -> the skill shown in that task's actor prompts.
+        A worker that dies mid-collect loses its chunks only: they are collected again, whole, on
+        the restarted worker (same tasks, current weights); other workers' chunks are kept."""
+        start = time.perf_counter()
+        per_call = max(1, self._episodes_per_worker() // group_size)
+
+        def job(chunk: list[TaskSpec]) -> Callable[[Any], Any]:
+            texts = {t.task_id: skill_texts.get(t.task_id) for t in chunk} if skill_texts else None
+            return lambda w: w.collect.remote(chunk, group_size=group_size, policy_version=policy_version,
+                                              temperature=temperature, skill_texts=texts)
+
+        jobs: list[WorkerJob] = []
+        for w in range(len(self.workers)):
+            share = list(tasks[w :: len(self.workers)])
+            jobs += [(w, job(share[i : i + per_call])) for i in range(0, len(share), per_call)]
+        results = self._on_workers(jobs, what="collect")
+        trajectories = [t for trajs, _ in results for t in trajs]
+        return trajectories, merge_stats([s for _, s in results], time.perf_counter() - start)
+
     def generate_proposals(self, requests: Sequence[ProposalRequest]) -> list[list[Generation]]:
         """UniSkill proposals with the current weights: requests[i] on rollout worker i, all at
         once (`deploy.stages.uniskill_glue.ProposalWorkers`)."""
-        import ray
-
         if len(requests) > len(self.workers):
             raise ValueError(f"{len(requests)} proposal requests for {len(self.workers)} rollout workers")
-        return ray.get([
-            w.generate_proposals.remote(r.prompt_ids, max_tokens=r.max_tokens, temperature=r.temperature,
-                                        seed=r.seed, op_choices=r.op_choices)
-            for w, r in zip(self.workers, requests)])
+
+        def job(r: ProposalRequest) -> Callable[[Any], Any]:
+            return lambda w: w.generate_proposals.remote(r.prompt_ids, max_tokens=r.max_tokens, temperature=r.temperature,
+                                                         seed=r.seed, op_choices=r.op_choices)
+
+        return self._on_workers([(i, job(r)) for i, r in enumerate(requests)], what="generate_proposals")
+
+    def _on_workers(self, jobs: Sequence[WorkerJob], *, what: str) -> list:
+        """Run every job on its worker and return the results in order. Jobs whose worker died are
+        submitted again once the worker is back with the current weights; any other failure, or a
+        call unanswered for ray.call_timeout_s, raises."""
+        results: dict[int, Any] = {}
+        todo = list(range(len(jobs)))
+        first = True
+        while todo:
+            refs = [jobs[j][1](self.workers[jobs[j][0]]) for j in todo]
+            if first:
+                self._submitted(what)
+                first = False
+            died: dict[int, tuple[BaseException, int]] = {}
+            failed: list[int] = []
+            for j, (value, err) in zip(todo, gather(refs, timeout_s=self._timeout_s, what=f"rollout {what}")):
+                if err is None:
+                    results[j] = value
+                    continue
+                w = jobs[j][0]
+                failed.append(j)
+                died[w] = (err, died.get(w, (err, 0))[1] + 1)
+            for w, (err, lost) in died.items():
+                self._recover_worker(w, err, lost_calls=lost, what=what)
+            todo = failed
+        return [results[j] for j in range(len(jobs))]
+
+    def _recover_worker(self, w: int, err: BaseException, *, lost_calls: int, what: str) -> None:
+        """Wait for Ray to restart worker `w`, load the weights of `self.policy_version` into it
+        (exported again by the learners, unless this cluster has none: then the worker's own
+        model is the policy) and check it holds them: same version, same weight digest as the
+        last sync."""
+        name = f"rollout_worker_{w}"
+        log.warning("%s died during %s (%s); waiting for Ray to restart it", name, what, type(err).__name__)
+        start = time.perf_counter()
+        handle = self.workers[w]
+        wait_alive(lambda: handle.policy_version.remote(), timeout_s=self._timeout_s, what=f"{name} restart")
+        facts = {"lost_calls": float(lost_calls)}
+        if self.learners:
+            files_ref = self._export()
+            [digest] = get_all([handle.load_weight_files.remote(files_ref, self.policy_version)],
+                               timeout_s=self._timeout_s, what=f"{name} weight reload")
+            if self.weights_digest is not None:
+                if digest != self.weights_digest:
+                    raise RuntimeError(f"{name} restarted with weights that differ from the policy's "
+                                       f"version {self.policy_version}")
+                facts["weights_current"] = 1.0
+        [version] = get_all([handle.policy_version.remote()], timeout_s=self._timeout_s, what=f"{name} version")
+        if version != self.policy_version:
+            raise RuntimeError(f"{name} restarted at policy version {version}, not {self.policy_version}")
+        facts["policy_version"] = float(version)
+        self.recoveries.append(Recovery("rollout_worker", name, time.perf_counter() - start, facts))
+        log.warning("%s is back at policy version %d; re-running its %d lost %s call(s)", name, version, lost_calls, what)
+
+    # ---- learners ----------------------------------------------------------------------------
+    def _on_learners(self, submit: Callable[[Any], Any], *, what: str) -> list:
+        """`submit(rank)` on every rank; results in rank order. A dead or silent rank raises
+        LearnerGroupFailed (the group cannot continue without it)."""
+        refs = [submit(lw) for lw in self.learners]
+        self._submitted(what)
+        return self._learner_results(refs, what=what)
+
+    def _learner_results(self, refs: Sequence[Any], *, what: str) -> list:
+        try:
+            return get_all(refs, timeout_s=self._timeout_s, what=f"learner {what}")
+        except CallTimeout as err:
+            raise LearnerGroupFailed(str(err)) from err
+        except Exception as err:
+            if is_actor_death(err) or self._dead_ranks():
+                raise LearnerGroupFailed(f"learner {what}: a rank died ({type(err).__name__}: "
+                                         f"{str(err).splitlines()[0] if str(err) else ''})") from err
+            raise
+
+    def _dead_ranks(self) -> list[int]:
+        """Ranks that do not answer a probe (dead, or stuck in a collective)."""
+        dead = []
+        for rank, lw in enumerate(self.learners):
+            try:
+                get_all([lw.get_version.remote()], timeout_s=PROBE_TIMEOUT_S, what=f"learner rank {rank} probe")
+            except Exception as err:  # noqa: BLE001 - any failure to answer means the rank is unusable
+                log.warning("learner rank %d does not answer: %s", rank, type(err).__name__)
+                dead.append(rank)
+        return dead
 
     def train(self, rows: Sequence, proposals: Sequence = (), align: Sequence = (), *,
               proposer_warmup: bool = False):
@@ -106,48 +237,67 @@ class Cluster:
         import ray
 
         refs = [ray.put(list(x)) for x in (rows, proposals, align)]
-        return ray.get([lw.train_step.remote(*refs, proposer_warmup=proposer_warmup) for lw in self.learners])[0]
+        return self._on_learners(lambda lw: lw.train_step.remote(*refs, proposer_warmup=proposer_warmup),
+                                 what="train")[0]
 
     def _export(self):
-        """Every rank takes part (ZeRO-3 gathers shards); rank 0's files are the weights."""
-        refs = [lw.export_weight_files.remote() for lw in self.learners]
-        return refs[0], refs[1:]
+        """Every rank takes part (ZeRO-3 gathers shards); rank 0's files are the weights. Returns
+        the reference to rank 0's files once every rank has finished (the files stay in the
+        object store)."""
+        pairs = [lw.export_weight_files.options(num_returns=2).remote() for lw in self.learners]
+        self._learner_results([count for _, count in pairs], what="weight export")
+        return pairs[0][0]
 
     def sync_weights(self, version: int) -> None:
         """Rank 0's exported bytes travel through the object store to every engine's node."""
-        import ray
-
-        files_ref, others = self._export()
-        ray.get([w.load_weight_files.remote(files_ref, version) for w in self.workers] + others)
+        files_ref = self._export()
+        self.policy_version, self.weights_digest = version, None  # a worker restarted meanwhile loads these
+        digests = self._on_workers([(w, lambda h: h.load_weight_files.remote(files_ref, version))
+                                    for w in range(len(self.workers))], what="weight sync")
+        if len(set(digests)) > 1:
+            raise RuntimeError(f"rollout workers hold different weights after the sync to version {version}")
+        self.weights_digest = digests[0] if digests else None
 
     def export_hf(self, out_dir: str | Path) -> Path:
         """Write the current policy as an HF directory on the driver's filesystem."""
         import ray
 
-        files_ref, others = self._export()
+        files_ref = self._export()
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        for name, data in ray.get(files_ref).items():
+        for name, data in ray.get(files_ref, timeout=self._timeout_s).items():
             (out / name).write_bytes(data)
-        ray.get(others)
         return out
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> None:
-        import ray
-
-        ray.get([lw.save_checkpoint.remote(str(ckpt_dir)) for lw in self.learners])
+        self._on_learners(lambda lw: lw.save_checkpoint.remote(str(ckpt_dir)), what="save_checkpoint")
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
-        import ray
+        self._on_learners(lambda lw: lw.load_checkpoint.remote(str(ckpt_dir)), what="load_checkpoint")
 
-        ray.get([lw.load_checkpoint.remote(str(ckpt_dir)) for lw in self.learners])
+    def restart_learners(self, ckpt_dir: str | Path | None) -> None:
+        """Replace the learner group: kill every rank, release its placement group, start a new
+        group (new rendezvous file) from the run's model, then load `ckpt_dir` when given."""
+        from deploy.topology import start_learners, stop_learners
+
+        if self.learner_group is not None:
+            stop_learners(self.learner_group)
+            self.learner_group = None
+        self.learner_group = start_learners(self.cfg, self.model_path)
+        if ckpt_dir is not None:
+            self.load_checkpoint(ckpt_dir)
+
+    def drain_recoveries(self) -> list[Recovery]:
+        out, self.recoveries = self.recoveries, []
+        return out
 
     def shutdown(self) -> None:
         import ray
 
-        for handle in [*self.workers, *self.learners, *(p.handle for p in self.pools)]:
+        for handle in [*self.workers, *(p.handle for p in self.pools)]:
             ray.kill(handle)
         if self.learner_group is not None:
-            from ray.util.placement_group import remove_placement_group
+            from deploy.topology import stop_learners
 
-            remove_placement_group(self.learner_group)
+            stop_learners(self.learner_group)
+            self.learner_group = None

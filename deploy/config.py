@@ -51,7 +51,7 @@ class RunConfig(_Section):
     """Archive each step's trajectories to trajectories/step_N.jsonl (for `deploy analyze`)."""
     max_restarts: int = Field(3, ge=0)
     """Times the run restarts its learner group from the last checkpoint after a learner rank
-    dies, before it gives up."""
+    dies, before it gives up; also the restarts Ray grants each rollout worker."""
 
 
 FaultComponent = Literal["rollout_worker", "learner", "env_pool", "skillbank_redis", "skillbank_actor", "driver"]
@@ -116,6 +116,12 @@ class RayConfig(_Section):
     """GPUs per learner rank."""
     num_learners: int = 1
     """DeepSpeed data-parallel ranks (each a Ray actor)."""
+    call_timeout_s: float = Field(3600.0, gt=0)
+    """Longest wait for one call to the actors (a collection, an update, a weight sync, a restart)
+    before the driver stops with an error naming it, instead of hanging."""
+    collective_timeout_s: float = Field(1800.0, gt=0)
+    """torch.distributed timeout of the learner ranks (rendezvous and every collective): a rank
+    whose peer is gone errors out after this."""
 
 
 class MethodConfig(_Section):

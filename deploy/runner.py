@@ -57,6 +57,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, cluster: Cluster | N
             trainer.resume(ckpt)
             console.print(f"resumed from {ckpt} at step {trainer.state.step + 1}")
         trainer.run()
+        trainer.faults.finish(trainer.state.step, cfg.run.total_steps)  # RUN/faults.json (`deploy.faults`)
     finally:
         trainer.close()
         sink.close()

@@ -7,12 +7,16 @@ joins the cluster the job runs on).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from deploy import logs
 from deploy.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 # Deployment facts every actor needs; hyperparameters never travel this way.
 WORKER_ENV = {
@@ -48,6 +52,9 @@ def init_ray(cfg: TrainConfig) -> None:
     if joining:
         kwargs["address"] = cfg.ray.address
     else:
+        from deploy.reaper import start_reaper
+
+        start_reaper()  # the local cluster and what it starts go when this driver goes, even on SIGKILL
         cores = cfg.ray.num_cpus or os.cpu_count() or 1
         # Logical CPUs: phases run one after another, so oversubscribing cores is intended.
         kwargs.update(num_cpus=max(cores, math.ceil(_required_cpus(cfg, with_learner=True))),
@@ -99,12 +106,15 @@ def start_env_pools(cfg: TrainConfig) -> list:
             name=f"env_pool_{i}", num_cpus=cfg.ray.env_pool_cpus, max_restarts=-1,
             max_task_retries=0, runtime_env=_actor_env(1, log_name=f"env_pool_{i}"),
         ).remote(cfg.env, cfg.ray.envs_per_pool)
-        pools.append(RemoteEnvPool(handle, cfg.ray.envs_per_pool, name=f"env_pool_{i}"))
+        pools.append(RemoteEnvPool(handle, cfg.ray.envs_per_pool, name=f"env_pool_{i}",
+                                   namespace=ray.get_runtime_context().namespace))
     return pools
 
 
 def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) -> list:
-    """RolloutWorker actors; pool i serves worker i % num_workers."""
+    """RolloutWorker actors; pool i serves worker i % num_workers. Ray restarts a dead worker up
+    to run.max_restarts times (from `model_path`: `deploy.cluster.Cluster` then reloads the
+    current weights and re-runs the calls it lost)."""
     import ray
 
     from rollout_workers.worker import RolloutWorker
@@ -118,30 +128,56 @@ def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) ->
         mine = [p for i, p in enumerate(pools) if i % n == w]
         workers.append(actor_cls.options(
             name=f"rollout_worker_{w}", num_cpus=cfg.ray.rollout_cpus, num_gpus=cfg.ray.rollout_gpus,
+            max_restarts=cfg.run.max_restarts, max_task_retries=0,
             runtime_env=_actor_env(cfg.ray.rollout_cpus, gpu=cfg.ray.rollout_gpus > 0, log_name=f"rollout_worker_{w}"),
         ).remote(cfg.engine, cfg.rollout, model_path, mine))
     return workers
 
 
-def _rendezvous() -> tuple[str, int, str]:
+def _rendezvous() -> tuple[str, int, str, str]:
     """Runs inside the learners' placement group, on the node every rank shares (STRICT_PACK):
-    loopback, a free port for the variables DeepSpeed reads, and a fresh file for the process
-    group's FileStore, so no rendezvous socket listens beyond loopback."""
+    loopback, a free port for the variables DeepSpeed reads, a fresh file for the process
+    group's FileStore (so no rendezvous socket listens beyond loopback), and the node's id."""
     import socket
     import tempfile
     import uuid
     from pathlib import Path
 
+    import ray
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    return "127.0.0.1", port, str(Path(tempfile.gettempdir()) / f"agentrl-rendezvous-{uuid.uuid4().hex}")
+    from deploy.reaper import RENDEZVOUS_PREFIX, TOKEN_VAR
+
+    # Named after the driver's token where it has one, so its reaper finds the file (`deploy.reaper`).
+    owner = f"{os.environ[TOKEN_VAR]}-" if TOKEN_VAR in os.environ else ""
+    path = str(Path(tempfile.gettempdir()) / f"{RENDEZVOUS_PREFIX}{owner}{uuid.uuid4().hex}")
+    return "127.0.0.1", port, path, ray.get_runtime_context().get_node_id()
 
 
-def start_learners(cfg: TrainConfig, model_path: str) -> tuple[list, object]:
+def _remove_file(path: str) -> None:
+    from pathlib import Path
+
+    Path(path).unlink(missing_ok=True)
+
+
+@dataclass
+class LearnerGroup:
+    """The learner ranks of one process group: a group that lost a rank cannot continue and is
+    replaced as a whole (`stop_learners`, then `start_learners`: new placement group, new
+    rendezvous file)."""
+
+    actors: list
+    placement_group: object
+    rendezvous_file: str
+    node_id: str
+
+
+def start_learners(cfg: TrainConfig, model_path: str) -> LearnerGroup:
     """DeepSpeed ranks as Ray actors, packed onto one node by a STRICT_PACK placement group
     (ZeRO over NVLink/loopback); the rendezvous address is probed on that node, so it is right
-    under `ray job submit` as well as locally. Returns (actors, placement group)."""
+    under `ray job submit` as well as locally. Collectives give up after ray.collective_timeout_s."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -158,8 +194,9 @@ def start_learners(cfg: TrainConfig, model_path: str) -> tuple[list, object]:
     def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
 
-    addr, port, store_file = ray.get(
-        ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=in_bundle(0)).remote())
+    addr, port, store_file, node_id = ray.get(
+        ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=in_bundle(0)).remote(),
+        timeout=PLACEMENT_TIMEOUT_S)
     actor_cls = ray.remote(LearnerActor)
     actors = [
         actor_cls.options(
@@ -167,7 +204,25 @@ def start_learners(cfg: TrainConfig, model_path: str) -> tuple[list, object]:
             scheduling_strategy=in_bundle(rank),
             runtime_env=_actor_env(r.learner_cpus, gpu=r.learner_gpus > 0, log_name=f"learner_rank{rank}"),
         ).remote(cfg.learner, model_path, rank=rank, world_size=r.num_learners, master_addr=addr, master_port=port,
-                  rendezvous_file=store_file)
+                  rendezvous_file=store_file, collective_timeout_s=r.collective_timeout_s)
         for rank in range(r.num_learners)
     ]
-    return actors, group
+    return LearnerGroup(actors=actors, placement_group=group, rendezvous_file=store_file, node_id=node_id)
+
+
+def stop_learners(group: LearnerGroup) -> None:
+    """Kill every rank (no restart), release the placement group's resources, and delete the
+    rendezvous file on its node (a killed rank never cleans up its FileStore)."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    for actor in group.actors:
+        ray.kill(actor, no_restart=True)
+    remove_placement_group(group.placement_group)
+    where = NodeAffinitySchedulingStrategy(group.node_id, soft=True)
+    try:
+        ray.get(ray.remote(_remove_file).options(num_cpus=0, scheduling_strategy=where).remote(group.rendezvous_file),
+                timeout=60)
+    except Exception as err:  # noqa: BLE001 - a leftover file in the node's tmp is harmless
+        log.warning("could not remove the learner rendezvous file %s: %s", group.rendezvous_file, err)

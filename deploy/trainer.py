@@ -1,6 +1,9 @@
 """The synchronous training loop (docs/architecture.md "one training step"). Each stage is a named call;
 UniSkill retrieval (step 1), SMRC-SD routing (step 3), UniSkill proposals (step 4) and the
 skill-bank commit (step 8, after the update) are stages that are no-ops for plain GRPO.
+
+A learner group that loses a rank is replaced and the run continues from the last checkpoint
+(`Trainer.restart_learners`); the fault injector (`deploy.faults`) sees every stage start.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ import json
 import logging
 import time
 import zlib
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +20,9 @@ from pathlib import Path
 from deploy.cluster import Cluster
 from deploy.config import TrainConfig
 from deploy.evaluation import EvalResult, summarize_eval
+from deploy.faults import FaultInjector
 from deploy.metrics import MetricsSink, rollout_metrics
+from deploy.recovery import LearnerGroupFailed, Recovery
 from deploy.stages.smrc_sd import RoutingResult, TeacherRouter
 from deploy.stages.uniskill import ProposalBatch, UniSkillStage
 from envs.tasks import eval_tasks, sample_tasks
@@ -35,9 +41,13 @@ def step_seed(run_seed: int, step: int) -> int:
 @dataclass
 class StageTimer:
     seconds: dict[str, float] = field(default_factory=dict)
+    on_enter: Callable[[str], None] | None = None
+    """Called with the stage's name as it starts (the fault injector)."""
 
     @contextmanager
     def __call__(self, stage: str):
+        if self.on_enter is not None:
+            self.on_enter(stage)
         start = time.perf_counter()
         yield
         self.seconds[f"time/{stage}_s"] = time.perf_counter() - start
@@ -63,6 +73,18 @@ class TrainerState:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = sorted(p.parent for p in Path(run_dir, "checkpoints").glob("step_*/trainer_state.json"))
     return done[-1] if done else None
+
+
+def rewind_metrics(path: Path, last_step: int) -> int:
+    """Drop the metrics.jsonl lines of steps after `last_step` (they are about to be replayed);
+    returns how many were dropped."""
+    if not path.exists():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["step"] <= last_step]
+    if len(kept) != len(lines):
+        path.write_text("".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
 
 
 def make_router(cfg: TrainConfig) -> TeacherRouter | None:
@@ -108,10 +130,15 @@ class Trainer:
         self.cfg, self.cluster, self.sink, self.state = cfg, cluster, sink, state
         self.router = make_router(cfg)
         self.skills = make_skill_stage(cfg, cluster)
+        self.faults = FaultInjector(cfg)
+        self.faults.bind(cluster, bank=self._bank_handle, checkpoint=self.checkpoint,
+                         has_checkpoint=lambda step: self._checkpoint_dir(step).joinpath("trainer_state.json").exists())
+        self.learner_restarts = 0
+        self._current = 0  # the step being trained, evaluated or checkpointed
 
     # ---- one step, as a table of contents -------------------------------------------------
     def train_step(self, step: int) -> dict[str, float | int]:
-        timer = StageTimer()
+        timer = StageTimer(on_enter=lambda stage: self.faults.stage(stage, step))
         with timer("sample"):
             tasks = sample_tasks(self.cfg.env, "train", self.cfg.rollout.tasks_per_step,
                                  step_seed(self.cfg.run.seed, step))
@@ -147,7 +174,7 @@ class Trainer:
         return {"step": step, "policy_version": self.state.policy_version,
                 **rollout_metrics(trajs), **routed.metrics, **learn, **committed,
                 "rollout/generate_s": rstats.generate_s, "rollout/env_s": rstats.env_s,
-                **timer.seconds}
+                **timer.seconds, **self.faults.step_metrics(step)}
 
     @staticmethod
     def exclude_infrastructure_failures(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
@@ -160,6 +187,10 @@ class Trainer:
             log.warning("step %d: episode %s (task %s) ended with %s (%s); not trained on",
                         step, t.traj_id, t.task.task_id, t.end_reason, t.end_detail or "no detail")
         return played
+
+    def _bank_handle(self):
+        """The skill-bank actor (None without UniSkill), for the fault injector."""
+        return getattr(getattr(self.skills, "bank", None), "handle", None)
 
     # ---- method stages (plain GRPO: no-ops) ------------------------------------------------
     def route(self, trajectories: list[Trajectory], step: int) -> RoutingResult:
@@ -183,26 +214,78 @@ class Trainer:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         cfg = self.cfg.run
-        first = self.state.step + 1
-        if first == 1 and self.cfg.eval.at_start:
+        if self.state.step == 0 and self.cfg.eval.at_start:
             self.evaluate("step_0000")
         with Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TextColumn("{task.description}"), TimeElapsedColumn(),
                       disable=not cfg.progress) as bar:
-            job = bar.add_task("", total=cfg.total_steps, completed=first - 1)
-            for step in range(first, cfg.total_steps + 1):
-                record = self.train_step(step)
-                self.sink.log_step(record)
-                bar.update(job, advance=1, description=_summary(record))
-                if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.total_steps:
-                    self.evaluate(f"step_{step:04d}")
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    self.checkpoint()
-        if self.state.step == cfg.total_steps:
+            job = bar.add_task("", total=cfg.total_steps, completed=self.state.step)
+            while True:
+                try:
+                    self._train_steps(lambda record: bar.update(job, advance=1, description=_summary(record)))
+                    self._finish()
+                    break
+                except LearnerGroupFailed as err:
+                    self._restart_until_up(err)
+                    bar.update(job, completed=self.state.step)
+        self.sink.plot()
+
+    def _train_steps(self, progress: Callable[[dict], None]) -> None:
+        cfg = self.cfg.run
+        for step in range(self.state.step + 1, cfg.total_steps + 1):
+            self._current = step
+            record = self.train_step(step)
+            self.sink.log_step(record)
+            progress(record)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.total_steps:
+                self.evaluate(f"step_{step:04d}")
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                self.checkpoint()
+
+    def _finish(self) -> None:
+        """After the last step: evaluate (eval.at_end) and checkpoint."""
+        if self.state.step == self.cfg.run.total_steps:
+            self._current = self.state.step
             if self.cfg.eval.at_end:
                 self.evaluate(f"step_{self.state.step:04d}")
             self.checkpoint()
-        self.sink.plot()
+
+    def _restart_until_up(self, err: LearnerGroupFailed) -> None:
+        while True:
+            try:
+                self.restart_learners(err)
+                return
+            except LearnerGroupFailed as again:  # the new group failed too: counts as another restart
+                err = again
+
+    def restart_learners(self, err: LearnerGroupFailed) -> None:
+        """A learner rank died or stopped answering during step `self._current`: replace the whole
+        group (a data-parallel group cannot continue without a rank) from the latest complete
+        checkpoint, or from the run's initial model when there is none, rewind the driver's state
+        (step, policy version, SMRC-SD buffer, metrics.jsonl) to it and push its weights to the
+        engines; the loop then replays the steps after it with the same task stream (tasks and
+        sampling seeds derive from step and version). Raises after run.max_restarts restarts."""
+        failed, limit = self._current, self.cfg.run.max_restarts
+        self.learner_restarts += 1
+        if self.learner_restarts > limit:
+            raise RuntimeError(f"the learner group failed at step {failed} and run.max_restarts={limit} "
+                               f"restart(s) are used up: {err}") from err
+        ckpt = latest_checkpoint(self.cfg.run.output_dir)
+        log.warning("step %d: %s; restarting the learner group from %s (restart %d of at most %d)",
+                    failed, err, ckpt or "the initial model", self.learner_restarts, limit)
+        start = time.perf_counter()
+        self.cluster.restart_learners(ckpt / "learner" if ckpt is not None else None)
+        self.state = TrainerState.load(ckpt / "trainer_state.json") if ckpt is not None else TrainerState()
+        if self.router is not None:
+            if ckpt is not None:
+                self.router.load(ckpt / "router_buffer.jsonl")
+            else:
+                self.router = make_router(self.cfg)
+        rewind_metrics(self.sink.metrics_path, self.state.step)
+        self.cluster.sync_weights(self.state.policy_version)
+        self.faults.log.add(failed, [Recovery(
+            "learner", f"learner group of {self.cfg.ray.num_learners} rank(s)", time.perf_counter() - start,
+            {"replayed_steps": float(failed - 1 - self.state.step), "restored_step": float(self.state.step)})])
 
     def close(self) -> None:
         """Release what the method stages hold (UniSkill: the skill-bank actor and its server)."""
@@ -215,10 +298,13 @@ class Trainer:
         self.sink.log_eval(result, step=self.state.step)
         return result
 
+    def _checkpoint_dir(self, step: int) -> Path:
+        return Path(self.cfg.run.output_dir) / "checkpoints" / f"step_{step:06d}"
+
     def checkpoint(self) -> Path:
         """checkpoints/step_N/{learner/, hf/, router_buffer.jsonl, trainer_state.json}; trainer_state
         is written last (SMRC-SD's success buffer travels with the checkpoint)."""
-        ckpt = Path(self.cfg.run.output_dir) / "checkpoints" / f"step_{self.state.step:06d}"
+        ckpt = self._checkpoint_dir(self.state.step)
         ckpt.mkdir(parents=True, exist_ok=True)
         self.cluster.save_checkpoint(ckpt / "learner")
         self.cluster.export_hf(ckpt / "hf")
@@ -228,10 +314,12 @@ class Trainer:
         return ckpt
 
     def resume(self, ckpt: Path) -> None:
+        """Continue from `ckpt`: the steps logged after it are dropped from metrics.jsonl and replayed."""
         self.state = TrainerState.load(ckpt / "trainer_state.json")
         self.cluster.load_checkpoint(ckpt / "learner")
         if self.router is not None:
             self.router.load(ckpt / "router_buffer.jsonl")
+        rewind_metrics(self.sink.metrics_path, self.state.step)
         self.cluster.sync_weights(self.state.policy_version)
 
 

@@ -121,11 +121,16 @@ def set_distributed_env(
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def init_process_group_on_node(rendezvous_file: str, *, rank: int, world_size: int, backend: str) -> None:
+def init_process_group_on_node(rendezvous_file: str, *, rank: int, world_size: int, backend: str,
+                               timeout_s: float | None = None) -> None:
     """The learner ranks' default process group when they share one node (the only layout the
     system starts): rendezvous through a file (torch's FileStore) instead of a TCPStore, which would
     listen on every interface, and collectives over loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
-    = lo, unless the deployment sets them). DeepSpeed then finds the group initialised and keeps it."""
+    = lo, unless the deployment sets them). DeepSpeed then finds the group initialised and keeps it.
+    `timeout_s` bounds the rendezvous and every collective: a rank whose peer is gone raises
+    instead of waiting forever (None: torch's default)."""
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -133,7 +138,8 @@ def init_process_group_on_node(rendezvous_file: str, *, rank: int, world_size: i
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         os.environ.setdefault(var, "lo")
     store = dist.FileStore(rendezvous_file, world_size)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+    timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **timeout)
 
 
 def deepspeed_config(cfg: LearnerConfig, *, world_size: int) -> dict[str, Any]:
@@ -167,6 +173,7 @@ class DeepSpeedBackend:
         master_port: int,
         rendezvous_file: str | None = None,
         local_rank: int | None = None,
+        collective_timeout_s: float | None = None,
     ) -> None:
         set_distributed_env(
             rank=rank,
@@ -180,7 +187,8 @@ class DeepSpeedBackend:
 
         if rendezvous_file is not None:
             init_process_group_on_node(rendezvous_file, rank=rank, world_size=world_size,
-                                       backend=get_accelerator().communication_backend_name())
+                                       backend=get_accelerator().communication_backend_name(),
+                                       timeout_s=collective_timeout_s)
 
         local_rank = int(os.environ["LOCAL_RANK"])
         self.device = torch.device(get_accelerator().device_name(local_rank))
@@ -245,6 +253,7 @@ def build_backend(
     master_port: int = 29500,
     rendezvous_file: str | None = None,
     local_rank: int | None = None,
+    collective_timeout_s: float | None = None,
 ) -> TrainBackend:
     if cfg.use_deepspeed:
         return DeepSpeedBackend(
@@ -256,5 +265,6 @@ def build_backend(
             master_port=master_port,
             rendezvous_file=rendezvous_file,
             local_rank=local_rank,
+            collective_timeout_s=collective_timeout_s,
         )
     return TorchBackend(cfg, model, world_size=world_size)

@@ -87,6 +87,7 @@ class LearnerWorker:
         rendezvous_file: str | None = None,
         local_rank: int | None = None,
         extra_losses: Sequence[ExtraLoss] = (),
+        collective_timeout_s: float | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,6 +113,7 @@ class LearnerWorker:
             master_port=master_port,
             rendezvous_file=rendezvous_file,
             local_rank=local_rank,
+            collective_timeout_s=collective_timeout_s,
         )
         prop = cfg.proposer
         needs_ref = cfg.kl_coef > 0 or (prop.enabled and prop.beta_kl > 0)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -43,6 +44,7 @@ class RolloutWorker:
         self._engine = make_engine(engine_cfg, model_path, seed=rollout_cfg.seed)
         self._version = 0
         self._calls = 0
+        self._digest: str | None = None
 
     @property
     def engine(self):
@@ -143,9 +145,10 @@ class RolloutWorker:
             self._calls = 0  # seeds derive from (seed, version, call): a resumed run replays them
         self._version = version
 
-    def load_weight_files(self, files: dict[str, bytes], version: int) -> None:
+    def load_weight_files(self, files: dict[str, bytes], version: int) -> str:
         """Weight sync without a shared filesystem: write the exported files (shipped through the
-        Ray object store) to a local temp dir, reload from it, delete it."""
+        Ray object store) to a local temp dir, reload from it, delete it. Returns the digest of
+        the files (`weights_digest`)."""
         tmp = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
         try:
             for name, data in files.items():
@@ -155,6 +158,21 @@ class RolloutWorker:
             self.reload_weights(str(tmp), version)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        self._digest = files_digest(files)
+        return self._digest
 
     def policy_version(self) -> int:
         return self._version
+
+    def weights_digest(self) -> str | None:
+        """sha256 over the weight files last loaded by `load_weight_files` (None while the engine
+        holds the weights it was constructed with): equal digests mean equal weights."""
+        return self._digest
+
+
+def files_digest(files: Mapping[str, bytes]) -> str:
+    """sha256 over (name, bytes) in name order."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + len(files[name]).to_bytes(8, "little") + files[name])
+    return h.hexdigest()

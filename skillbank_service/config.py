@@ -74,6 +74,9 @@ class SkillBankConfig(BaseModel):
     """No bank writes at global steps <= warmup_steps (S3)."""
     max_write_attempts: int = Field(128, ge=1)
     """Optimistic-transaction retries when concurrent writers race."""
+    reconnect_timeout_s: float = Field(120.0, gt=0)
+    """How long a call waits for the server to come back (a private server is restarted at once
+    from its AOF; a configured URL is retried with backoff) before it fails."""
     critic: CriticKind = "rule"
     """Who judges proposals: "rule" (offline, laptop default), "llm" (endpoint), "policy" (the actor)."""
     llm: LLMCriticConfig = LLMCriticConfig()

@@ -12,6 +12,8 @@ Keys, all under `<prefix>:` (the run name, so runs sharing one server never mix)
 - `history`      list (append-only) of HistoryEntry JSON, every applied edit
 - `history:<id>` list (append-only) of the same entries for one skill
 - `decisions`    list (append-only) of Decision JSON, one per proposal ever passed to `apply`
+- `decided:<candidate id>`  the Decision JSON recorded for that candidate (what makes `apply`
+                 idempotent; inputs without a candidate id, "<input N>", are not keyed)
 - `counters`     hash: adds, updates, outcome:<outcome>, reason:<tag>
 - `schema`       schema version of the JSON values
 
@@ -22,6 +24,13 @@ counters and the version together. A concurrent writer that changed one of those
 makes EXEC fail and the batch is re-planned against the new bank, so no update is lost and every
 decision matches the bank it was taken against; writers touching disjoint skills and texts never
 conflict. Losers back off exponentially (with jitter) before re-planning.
+
+`apply` is idempotent by candidate id: the transaction also WATCHes the batch's `decided:` keys,
+and a proposal that already has a recorded decision is not planned again; its recorded decision
+is returned. A caller may therefore repeat a call whose reply it never saw (the server died after
+EXEC committed, the actor was restarted mid-call) and no edit is applied twice. A connection lost
+while WATCHing surfaces as a WatchError (redis-py), so the loop re-reads the `decided:` keys before
+anything is re-planned; `is_unavailable` tells callers which errors a reconnect may cure.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -50,8 +60,11 @@ from skillbank_service.types import (
 )
 from skillbank_service.validation import reason_tag
 
-Planner = Callable[[BankView], AcceptancePlan]
+Planner = Callable[[Sequence[ScoredProposal], BankView], AcceptancePlan]
+"""plan(the proposals still undecided, the bank they touch) -> the acceptance rule's plan."""
 Embedder = Callable[[list[str]], np.ndarray]
+_ANONYMOUS = re.compile(r"<input \d+>")
+"""The candidate id the service gives an input that carried none (never deduplicated)."""
 
 
 class SchemaMismatchError(RuntimeError):
@@ -60,6 +73,13 @@ class SchemaMismatchError(RuntimeError):
 
 class InsecureServerError(ValueError):
     """A shared skill-bank server configured without a password."""
+
+
+def is_unavailable(err: BaseException) -> bool:
+    """A connection-level failure (server down, restarting, loading its AOF, unreachable): worth
+    retrying once reconnected. A refused password is not."""
+    return (isinstance(err, redis.ConnectionError | redis.TimeoutError)
+            and not isinstance(err, redis.AuthenticationError | redis.exceptions.AuthorizationError))
 
 
 def connect(cfg: SkillBankConfig, url: str | None = None) -> redis.Redis:
@@ -172,22 +192,29 @@ class SkillStore:
         """Plan with the pure rule against the current bank and commit it atomically (see module doc).
         `prefetch` texts are embedded before the transaction (keeping the WATCH window short);
         `malformed` are decisions on inputs that never parsed into a proposal, logged in the same
-        transaction ahead of the planned ones and returned first."""
+        transaction ahead of the planned ones and returned first. Inputs whose candidate id already
+        has a recorded decision get that decision back and write nothing (`replayed`)."""
         vectors = _embed_into({}, list(dict.fromkeys(prefetch)), embed)
         targets = sorted({p.target_skill_id for p in proposals if p.op == "update" and p.target_skill_id})
         fields = list(dict.fromkeys(_field(dedup_key(p.task_type, p.text)) for p in proposals if p.op != "no_edit"))
         guards = [self._skill_guard(t) for t in targets] + [self._dedup_guard(f) for f in fields]
+        cids = list(dict.fromkeys(c for c in (*(d.candidate_id for d in malformed),
+                                              *(p.candidate_id for p in proposals)) if not _ANONYMOUS.fullmatch(c)))
+        marks = [self._decided_key(c) for c in cids]
         reserved: list[int] = []
         for attempt in range(1, self._max_attempts + 1):
             with self._r.pipeline(transaction=True) as pipe:
                 try:
-                    if guards:
-                        pipe.watch(*guards)
+                    if guards or marks:
+                        pipe.watch(*guards, *marks)
+                    recorded = pipe.mget(marks) if marks else []
+                    done = {c: Decision.model_validate_json(raw) for c, raw in zip(cids, recorded) if raw}
+                    pending = [p for p in proposals if p.candidate_id not in done]
                     found = pipe.hmget(self._k("skills"), targets) if targets else []
                     bank = {sid: Skill.model_validate_json(raw) for sid, raw in zip(targets, found) if raw}
                     owners = pipe.hmget(self._k("dedup"), fields) if fields else []
                     index = {_unfield(f): sid.decode() for f, sid in zip(fields, owners) if sid}
-                    result = plan(BankView({sid: (s.task_type, s.text) for sid, s in bank.items()}, index))
+                    result = plan(pending, BankView({sid: (s.task_type, s.text) for sid, s in bank.items()}, index))
                     if len(result.adds) > len(reserved):  # ids are reserved outside the transaction
                         n = len(result.adds) - len(reserved)
                         last = int(self._r.incrby(self._k("next_id"), n))
@@ -195,18 +222,26 @@ class SkillStore:
                     _embed_into(vectors, [p.text for p in (*result.updates, *result.adds)], embed)
                     pipe.multi()
                     for d in malformed:
-                        self._queue_decision(pipe, d)
+                        if d.candidate_id not in done:
+                            self._queue_decision(pipe, d)
                     out = self._queue_writes(pipe, result, bank, reserved, vectors)
                     replies = pipe.execute()
                 except redis.WatchError:
                     time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 10))))
                     continue
             version = int(replies[-1]) if out["writes"] else self.version()
-            decisions = (*malformed, *out["decisions"])
-            return ApplyResult(bank_version=version, decisions=decisions, num_added=len(result.adds),
-                               num_updated=len(result.updates), attempts=attempt)
+            fresh = iter(out["decisions"])
+            decisions = (*(done.get(d.candidate_id, d) for d in malformed),
+                         *(done[p.candidate_id] if p.candidate_id in done else next(fresh) for p in proposals))
+            accepted = [d.op for d in decisions if d.outcome == "accepted"]
+            return ApplyResult(bank_version=version, decisions=decisions, num_added=accepted.count("add"),
+                               num_updated=accepted.count("update"), attempts=attempt,
+                               replayed=sum(d.candidate_id in done for d in (*malformed, *proposals)))
         raise RuntimeError(f"skill bank apply lost the race {self._max_attempts} times in a row; raise "
                            "skillbank.max_write_attempts or reduce concurrent writers on the same skills")
+
+    def _decided_key(self, candidate_id: str) -> str:
+        return self._k(f"decided:{candidate_id}")
 
     def _skill_guard(self, skill_id: str) -> str:
         return self._k(f"guard:skill:{skill_id}")
@@ -256,6 +291,8 @@ class SkillStore:
 
     def _queue_decision(self, pipe, d: Decision) -> None:
         pipe.rpush(self._k("decisions"), d.model_dump_json())
+        if not _ANONYMOUS.fullmatch(d.candidate_id):
+            pipe.set(self._decided_key(d.candidate_id), d.model_dump_json())
         pipe.hincrby(self._k("counters"), f"outcome:{d.outcome}", 1)
         if d.outcome != "accepted":
             pipe.hincrby(self._k("counters"), f"reason:{reason_tag(d.reason)}", 1)

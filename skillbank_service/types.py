@@ -137,6 +137,9 @@ class ApplyResult(_Frozen):
     num_updated: int
     attempts: int = 1
     """Optimistic-transaction attempts (> 1 when a concurrent writer raced this one)."""
+    replayed: int = Field(0, ge=0)
+    """Inputs whose candidate id already had a decision: their recorded decision is returned and
+    nothing is written again (a repeated call after a lost reply or a restart)."""
 
 
 class RetrievedSkill(_Frozen):

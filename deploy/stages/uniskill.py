@@ -236,6 +236,8 @@ class UniSkillStage:
         batch.records = proposal_records(batch, scores, result.decisions)
         out.update({"uniskill/bank_version": float(result.bank_version), "uniskill/added": float(result.num_added),
                     "uniskill/updated": float(result.num_updated)})
+        if result.replayed:  # decisions recorded by an earlier attempt of this commit (a restart mid-call)
+            out["uniskill/bank_replayed"] = float(result.replayed)
         for d in result.decisions:  # every proposal's recorded outcome (accepted, rejected: <reason>, ...)
             key = f"uniskill/decision_{d.outcome}"
             out[key] = out.get(key, 0.0) + 1.0

@@ -62,16 +62,23 @@ def test_broken_binary_fails_with_its_log(tmp_path):
         LocalRedisServer(tmp_path / "d", binary=str(fake)).start()
 
 
-def test_server_dies_with_a_killed_owner(tmp_path):
-    """The owner process is SIGKILLed (as `ray.kill` does to an actor): its server must not linger."""
+@pytest.mark.parametrize("from_thread", [False, True], ids=["main_thread", "pool_thread"])
+def test_server_dies_with_a_killed_owner(tmp_path, from_thread):
+    """The owner process is SIGKILLed (as `ray.kill` does to an actor): its server must not linger,
+    whether it was started from the main thread or from a short-lived worker thread (a threaded
+    actor's call, e.g. a restart after a crash)."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
+    start = f"LocalRedisServer({str(tmp_path / 'd')!r}).start()"
+    if from_thread:  # the starting thread ends long before the owner dies
+        start = ("__import__('concurrent.futures').futures.ThreadPoolExecutor(1)"
+                 f".submit(lambda: {start}).result()")
     code = ("import sys, time\nfrom skillbank_service.server import LocalRedisServer\n"
-            f"s = LocalRedisServer({str(tmp_path / 'd')!r}).start()\n"
+            f"s = {start}\n"
             "print(s.port, s.password, s._proc.pid, flush=True)\ntime.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     port, password, pid = owner.stdout.readline().split()
@@ -86,3 +93,35 @@ def test_server_dies_with_a_killed_owner(tmp_path):
     assert not probe.ping()
     status = Path(f"/proc/{pid}/status")
     assert not status.exists() or "zombie" in status.read_text().lower()
+
+
+def test_password_persists_in_the_data_dir(tmp_path):
+    first = LocalRedisServer(tmp_path / "d")
+    path = tmp_path / "d" / "password"
+    assert path.read_text().strip() == first.password and path.stat().st_mode & 0o777 == 0o600
+    assert LocalRedisServer(tmp_path / "d").password == first.password
+    assert LocalRedisServer(tmp_path / "other").password != first.password
+
+
+def test_start_ends_a_server_still_running_on_the_same_dir(tmp_path):
+    """Two servers never share one AOF: a new owner's start ends the earlier owner's server."""
+    old = LocalRedisServer(tmp_path / "d").start()
+    redis.Redis.from_url(old.url).set("k", "v")
+    new = LocalRedisServer(tmp_path / "d").start()
+    try:
+        assert not old.is_running()
+        assert redis.Redis.from_url(new.url).get("k") == b"v"
+    finally:
+        new.stop()
+        old.stop()
+
+
+def test_restart_after_a_crash_reloads_the_aof_on_the_same_port(tmp_path):
+    with LocalRedisServer(tmp_path / "d") as server:
+        redis.Redis.from_url(server.url).set("k", "v")
+        port, pid = server.port, server.pid
+        server.crash()
+        assert not server.ping()
+        server.restart()
+        assert server.pid != pid and server.port == port
+        assert redis.Redis.from_url(server.url).get("k") == b"v"
