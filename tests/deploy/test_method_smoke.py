@@ -1,15 +1,22 @@
-"""Every distilling method's 2-step laptop config runs a training step end to end on local Ray
-(routing stage, teacher pass, routed loss) and logs its routing and distillation metrics."""
+"""Every distilling method's laptop config routes turns in a training step on local Ray: with a
+policy that wins about half of its episodes (the `warm_model` fixture on smoke_cpu_mixed.yaml's
+env), groups hold successes, so failed and successful episodes get references, matched turns get
+teacher prompts, the teacher pass scores them and the SD loss joins the update. The routing
+metrics are checked against the references the archived trajectories imply, and the SD loss is
+shown to change the update against the same step with learner.sd.coef=0 on the same seeds."""
 
 import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 def _distilling(config: Path) -> bool:
@@ -21,26 +28,108 @@ def _distilling(config: Path) -> bool:
 
 # one per distilling method row + ablations (UniSkill and environment smoke configs have their own tests)
 CONFIGS = [c for c in sorted((ROOT / "deploy" / "configs").glob("smoke_cpu_*.yaml")) if _distilling(c)]
+SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_smrc_sd.yaml"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
 
+class Run:
+    """One finished 1-step training run: its metrics line, archived trajectories and weights."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        (self.step,) = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+        (archive,) = (path / "trajectories").glob("step_*.jsonl")
+        self.trajectories = [json.loads(line) for line in archive.read_text().splitlines()]
+        self.config = json.loads((path / "config.resolved.json").read_text())
+
+    def weights(self) -> dict:
+        return load_file(str(next((self.path / "checkpoints" / "step_000001" / "hf").glob("*.safetensors"))))
+
+    def sampled_ids(self) -> list[list[list[int]]]:
+        return [[turn["response_ids"] for turn in t["turns"]] for t in self.trajectories]
+
+
+@pytest.fixture(scope="module")
+def runs(warm_model, tmp_path_factory):
+    """Runs one training step per (config, overrides) once per module; later requests reuse it."""
+    done: dict[tuple, Run] = {}
+
+    def get(config: Path, *sets: str) -> Run:
+        key = (config, sets)
+        if key not in done:
+            out = tmp_path_factory.mktemp(config.stem) / "run"
+            args = [f"model.path={warm_model}", f"run.output_dir={out}", "run.total_steps=1", "eval.at_end=false", *sets]
+            res = subprocess.run([sys.executable, "-m", "deploy", "train", "--config", str(config),
+                                  *[a for s in args for a in ("--set", s)]],
+                                 cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+            done[key] = Run(out)
+        return done[key]
+
+    return get
+
+
+def _with_reference(trajectories: list[dict]) -> list[dict]:
+    """The trajectories that have a reference on a run's first step (empty success buffer): those
+    with another successful trajectory in their group."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for t in trajectories:
+        groups[t["group_id"]].append(t)
+    return [t for members in groups.values() for t in members
+            if any(o["success"] and o["traj_id"] != t["traj_id"] for o in members)]
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
-def test_method_config_runs_a_step(config, model, tmp_path):
+def test_method_config_routes_turns(config, runs):
     from deploy.config import load_config
+    from deploy.stages.smrc_sd import RULES
 
     expected = load_config(config).method
-    run = tmp_path / "run"
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    res = subprocess.run(
-        [sys.executable, "-m", "deploy", "train", "--config", str(config),
-         "--set", f"model.path={model}", "--set", f"run.output_dir={run}", "--set", "run.total_steps=1",
-         "--set", "eval.at_end=false"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    (step,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    for key in ("route/coverage_structured", "route/coverage_history", "route/teacher_rows", "loss/sd", "sd/match_rate"):
-        assert key in step, key
-    assert step["sd/match_rate"] == pytest.approx(step["route/teacher_rows"])
-    saved = json.loads((run / "config.resolved.json").read_text())["method"]
+    run = runs(config)
+    step, trajs = run.step, run.trajectories
+    total = sum(len(t["turns"]) for t in trajs)
+    referenced = _with_reference(trajs)
+    with_reference = sum(len(t["turns"]) for t in referenced)
+    assert referenced, f"no group of the step holds a success: {[(t['group_id'], t['success']) for t in trajs]}"
+
+    # routing metrics are shares of the step's turns; the references are the ones the archive implies
+    routed = round(step["route/teacher_rows"] * total)
+    matched = round(step["route/coverage_structured"] * total)
+    assert step["route/turns_with_reference"] == pytest.approx(with_reference / total)
+    assert matched >= len(referenced)  # at least turn 0: the reference started in the same state
+    rule = RULES[expected.name][0]
+    if rule == "all":  # fullpath_sd, context_only: every turn of a trajectory with a reference
+        assert routed == with_reference
+        routed_tokens = sum(len(turn["response_ids"]) for t in referenced for turn in t["turns"])
+        assert step["sd/teacher_tokens"] == routed_tokens
+    else:  # the matched turns, or as many turns as matched drawn at random
+        assert routed == matched and 0 < routed <= with_reference
+        assert step["sd/teacher_tokens"] >= routed  # at least one response token per routed row
+
+    # the learner scored every routed row under its teacher prompt and added a nonzero SD loss
+    assert step["sd/match_rate"] == pytest.approx(routed / total, rel=1e-5)
+    assert step["loss/sd"] > 0
+    kl_coef = run.config["learner"]["kl_coef"]
+    assert run.config["learner"]["entropy_coeff"] == 0.0
+    assert step["loss/total"] == pytest.approx(step["loss/pg"] + kl_coef * step["loss/kl"] + step["loss/sd"], rel=1e-5)
+
+    saved = run.config["method"]
     assert saved["name"] == expected.name and tuple(saved["context_parts"] or ()) == tuple(expected.context_parts or ())
+
+
+def test_sd_loss_changes_the_update(runs):
+    """The same step with learner.sd.coef=0 (method grpo, same seeds) samples the same tokens and
+    has the same policy-gradient loss; with SMRC-SD the loss differs by exactly the SD term and
+    the update moves the weights elsewhere."""
+    sd = runs(SMRC_SD)
+    plain = runs(SMRC_SD, "method.name=grpo", "learner.sd.coef=0")
+    assert plain.config["method"]["name"] == "grpo" and plain.config["learner"]["sd"]["coef"] == 0.0
+    assert "loss/sd" not in plain.step and sd.step["loss/sd"] > 0
+    assert sd.sampled_ids() == plain.sampled_ids()  # same seeds, same weights: the same rollouts
+    assert sd.step["loss/pg"] == pytest.approx(plain.step["loss/pg"], rel=1e-6)
+    assert sd.step["loss/total"] - plain.step["loss/total"] == pytest.approx(sd.step["loss/sd"], rel=1e-3)
+    assert sd.step["grad_norm"] != pytest.approx(plain.step["grad_norm"], rel=1e-6)
+    with_sd, without = sd.weights(), plain.weights()
+    assert with_sd.keys() == without.keys()
+    assert any(not (with_sd[k] == without[k]).all() for k in with_sd), "the SD loss did not change the update"

@@ -1,7 +1,10 @@
 """UniSkill end to end on local Ray: every variant's laptop config runs a training step, and the
 full method's run exercises the whole path (retrieve, propose, critic, R_align in the learner's
 no-grad pass, acceptance rule, bank commit after the update) and logs it, while a second driver
-inspects the live skill bank through `python -m deploy skills`."""
+inspects the live skill bank through `python -m deploy skills`. The policy is the SFT-warmed tiny
+model (`warm_model`), which wins about half of its episodes on the configs' env, so groups of 8
+hold both outcomes and every step has candidates; their count is checked against the archived
+groups."""
 
 import json
 import os
@@ -29,15 +32,28 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def _expected_candidates(archive: Path, cap: int) -> int:
+    """Candidates the archived step implies: every member of a group with >= 2 successes and >= 2
+    failures (trajectories without turns, or ended by an env error or an over-long prompt, take no
+    part), at most `cap`."""
+    groups: dict[str, list[dict]] = {}
+    for line in archive.read_text().splitlines():
+        t = json.loads(line)
+        if t["turns"] and t["end_reason"] not in ("env_error", "prompt_too_long"):
+            groups.setdefault(t["group_id"], []).append(t)
+    eligible = [g for g in groups.values() if 2 <= sum(t["success"] for t in g) <= len(g) - 2]
+    return min(cap, sum(len(g) for g in eligible))
+
+
 def _skills(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deploy", "skills", *args], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=240, check=False)
 
 
-def test_uniskill_whole_path_with_live_inspection(model, tmp_path):
+def test_uniskill_whole_path_with_live_inspection(warm_model, tmp_path):
     run = tmp_path / "run"
     log = (tmp_path / "train.log").open("w")
-    proc = subprocess.Popen(_train_cmd(CONFIGS / "smoke_cpu_uniskill.yaml", model, run, steps=2), cwd=ROOT,
+    proc = subprocess.Popen(_train_cmd(CONFIGS / "smoke_cpu_uniskill.yaml", warm_model, run, steps=2), cwd=ROOT,
                             env=ENV, stdout=log, stderr=subprocess.STDOUT)
     try:
         live = None
@@ -57,36 +73,80 @@ def test_uniskill_whole_path_with_live_inspection(model, tmp_path):
         if proc.poll() is None:
             proc.kill()
     steps = _metrics(run)
-    assert len(steps) == 2
-    proposed = [s for s in steps if s.get("uniskill/proposals", 0) > 0]
-    assert proposed, [{k: v for k, v in s.items() if k.startswith("uniskill/")} for s in steps]
-    for s in proposed:  # the whole path ran and was logged
-        assert s["uniskill/parse_rate"] > 0  # constrained op decoding: every proposal parses
-        assert "uniskill/critic_pass_rate" in s and "uniskill/prop_loss" in s
+    assert [s["step"] for s in steps] == [1, 2]
+    cap = json.loads((run / "config.resolved.json").read_text())["uniskill"]["max_candidates_per_step"]
+    for s in steps:  # the whole path ran on every step and was logged
+        archive = run / "trajectories" / f"step_{s['step']:06d}.jsonl"
+        assert s["uniskill/candidates"] == _expected_candidates(archive, cap) > 0
+        assert s["uniskill/proposals"] == s["uniskill/candidates"]  # no proposer prompt over budget
+        parsed = s["uniskill/op_no_edit"] + s["uniskill/op_add"] + s["uniskill/op_update"]
+        assert s["uniskill/parse_rate"] == pytest.approx(parsed)
+        assert s["uniskill/prop_op_parse_fail"] == pytest.approx(1 - parsed)  # the learner saw the same proposals
+        assert "uniskill/critic_pass_rate" in s and s["uniskill/prop_rows"] == s["uniskill/proposals"]
         decided = sum(v for k, v in s.items() if k.startswith("uniskill/decision_"))
         assert decided == s["uniskill/proposals"]  # every proposal got a recorded decision
         assert s["uniskill/added"] + s["uniskill/updated"] == s.get("uniskill/decision_accepted", 0)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_uniskill_variant_runs_a_step(variant, model, tmp_path):
-    from deploy.config import load_config
+@pytest.fixture(scope="module")
+def variant_runs(warm_model, tmp_path_factory):
+    """One training step per variant config, run once per module; later requests reuse it."""
+    done: dict[str, Path] = {}
 
-    config = CONFIGS / f"smoke_cpu_{variant}.yaml"
-    cfg = load_config(config)
-    run = tmp_path / "run"
-    res = subprocess.run(_train_cmd(config, model, run, steps=1), cwd=ROOT, env=ENV, capture_output=True,
-                         text=True, timeout=900, check=False)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    def get(variant: str) -> Path:
+        if variant not in done:
+            run = tmp_path_factory.mktemp(variant) / "run"
+            res = subprocess.run(_train_cmd(CONFIGS / f"smoke_cpu_{variant}.yaml", warm_model, run, steps=1), cwd=ROOT,
+                                 env=ENV, capture_output=True, text=True, timeout=900, check=False)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+            done[variant] = run
+        return done[variant]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_uniskill_variant_runs_a_step(variant, variant_runs):
+    from deploy.config import VARIANT_SWITCHES, load_config
+
+    cfg = load_config(CONFIGS / f"smoke_cpu_{variant}.yaml")
+    switches = VARIANT_SWITCHES[cfg.uniskill.variant]
+    run = variant_runs(variant)
     (step,) = _metrics(run)
-    assert "uniskill/candidates" in step
-    if step["uniskill/candidates"] > 0:
-        assert "uniskill/prop_loss" in step
-        if variant == "no_support_reg":
-            assert step["uniskill/prop_sup_loss"] == 0.0
+    (archive,) = (run / "trajectories").glob("step_*.jsonl")
+    assert step["uniskill/candidates"] == _expected_candidates(archive, cfg.uniskill.max_candidates_per_step) > 0
+    assert step["uniskill/proposals"] == step["uniskill/candidates"] == step["uniskill/prop_rows"]
     saved = json.loads((run / "config.resolved.json").read_text())
     assert saved["uniskill"]["variant"] == ("uniskill" if variant == "uniskill_smrc_sd" else variant)
-    if variant == "actor_only":  # proposals generated, judged, scored and gated; the proposer role not trained
-        assert saved["learner"]["proposer"]["lambda_prop"] == 0.0
-    if cfg.method.name == "smrc_sd":
-        assert "sd/match_rate" in step and "route/teacher_rows" in step
+    assert saved["learner"]["proposer"]["lambda_prop"] == (0.5 if switches.train_proposer else 0.0)
+    # the support regulariser covers proposals with a decision between >= 2 legal ops, unless switched off
+    assert (step["uniskill/prop_support_rows"] > 0) == switches.support_regularizer
+    assert step["uniskill/prop_sup_loss"] == 0.0 or step["uniskill/prop_support_rows"] > 0
+    # UniSkill + SMRC-SD: routed turns and their SD loss in the same step; no routing otherwise
+    routed = cfg.method.name == "smrc_sd"
+    assert (step.get("route/teacher_rows", 0.0) > 0) == routed and (step.get("loss/sd", 0.0) > 0) == routed
+    assert step.get("sd/match_rate", 0.0) == pytest.approx(step.get("route/teacher_rows", 0.0), rel=1e-5)
+
+
+def test_proposer_loss_changes_the_update(variant_runs):
+    """actor_only (lambda_prop 0) and no_support_reg (lambda_prop 0.5, c_sup 0) play the same step
+    from the same seeds: the same rollouts and actor loss, differently scored proposals, so
+    the proposer's policy gradient alone separates their updates."""
+    from safetensors.torch import load_file
+
+    actor_only, trained = variant_runs("actor_only"), variant_runs("no_support_reg")
+    (a,), (b,) = _metrics(actor_only), _metrics(trained)
+
+    def sampled(run: Path) -> list:
+        (archive,) = (run / "trajectories").glob("step_*.jsonl")
+        return [[turn["response_ids"] for turn in json.loads(line)["turns"]] for line in archive.read_text().splitlines()]
+
+    def weights(run: Path) -> dict:
+        return load_file(str(next((run / "checkpoints" / "step_000001" / "hf").glob("*.safetensors"))))
+
+    assert sampled(actor_only) == sampled(trained)
+    assert a["loss/pg"] == pytest.approx(b["loss/pg"], rel=1e-6)
+    assert b["uniskill/prop_valid_rows"] > 0 and b["uniskill/prop_advantage_abs_mean"] > 0, b  # a proposer gradient
+    assert a["grad_norm"] != pytest.approx(b["grad_norm"], rel=1e-6)
+    wa, wb = weights(actor_only), weights(trained)
+    assert any(not (wa[k] == wb[k]).all() for k in wa), "the proposer loss did not change the update"
