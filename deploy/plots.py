@@ -20,6 +20,15 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, out: Path, *, dpi: int = 110) -> Path:
+    """Lay the figure out, write it to `out` (creating its folder) and release it."""
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    _pyplot().close(fig)
+    return out
+
+
 def plot_success(steps: Sequence[dict], evals: Sequence[EvalResult], out: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -41,10 +50,7 @@ def plot_success(steps: Sequence[dict], evals: Sequence[EvalResult], out: Path) 
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def plot_losses(steps: Sequence[dict], out: Path) -> Path:
@@ -58,10 +64,7 @@ def plot_losses(steps: Sequence[dict], out: Path) -> Path:
         ax.set_ylabel(key, fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def plot_skills(steps: Sequence[dict], plots_dir: Path) -> list[Path]:
@@ -162,11 +165,7 @@ def plot_ops(s: SkillSeries, out: Path) -> Path:
     ax.set_title("UniSkill edit-op distribution")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def plot_bank(s: SkillSeries, out: Path) -> Path:
@@ -189,8 +188,4 @@ def plot_bank(s: SkillSeries, out: Path) -> Path:
     bottom.set_xlabel("step")
     bottom.grid(alpha=0.3)
     bottom.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from deploy.plots import save_figure
 from deploy.stages.uniskill import ProposalRecord
 from envs.types import TaskSpec
 from rollout_workers.types import Trajectory
@@ -237,11 +238,7 @@ def plot(result: RalignVsRolloutResult, path: Path) -> Path:
     ax.grid(alpha=0.3)
     if result.gains:
         ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def analyse(gains: Sequence[ProposalGain]) -> tuple[AlignStats, dict[str, AlignStats]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from deploy.config import TrainConfig
 from deploy.evaluation import EvalResult, paired_difference
+from deploy.plots import save_figure
 from deploy.runner import console, print_eval, run_eval_command, run_training
 
 
@@ -38,11 +39,7 @@ def _plot(points: list[tuple[str, EvalResult]], out: Path) -> Path:
     ax.set_ylabel(f"Avg@{r0.k} success ({r0.split}, {r0.num_tasks} tasks)")
     ax.set_ylim(0, 1)
     ax.set_title("embedded demo: success on fixed unseen tasks (± s.e.)", fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def run_demo(cfg: TrainConfig, out: Path) -> dict:
