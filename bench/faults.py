@@ -53,11 +53,11 @@ def measure(component: str, model: str, tmp: Path) -> dict:
         wall += resumed_wall
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()] \
         if (run / "metrics.jsonl").exists() else []
-    faults = {k: v for m in metrics for k, v in m.items() if k.startswith("faults/")}
+    faults = {m["step"]: {k: v for k, v in m.items() if k.startswith("faults/")} for m in metrics}
     return {"component": component, "config": config, "at_step": at_step, "returncode": rc, "last_line": last,
             "survived": rc == 0 and last.startswith(f"faults survived: {component}"),
             "steps_logged": [m["step"] for m in metrics], "policy_versions": [m.get("policy_version") for m in metrics],
-            "faults_metrics": faults, "wall_s": round(wall, 1)}
+            "faults_metrics_by_step": faults, "wall_s": round(wall, 1)}
 
 
 def main() -> None:
