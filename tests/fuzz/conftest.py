@@ -36,20 +36,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for input_class, n in sorted(counter.items()):
         terminalreporter.write_line(f"fuzz cases tried: {input_class}: {n}")
     terminalreporter.write_line(f"fuzz cases tried: total: {sum(counter.values())}")
-
-
-@pytest.fixture(scope="session")
-def replay_mutated() -> Callable:
-    """replay_mutated(replay, root, path): replay a mutated transcript file on the embedded backend;
-    either a report, or a ValueError / TypeError raised on purpose that names the file (and line)."""
-    return _replay_mutated
-
-
-def _replay_mutated(replay: Callable, root, path) -> None:
-    try:
-        report = replay(backend="embedded", data_path=root, transcripts=path)
-    except (ValueError, TypeError) as err:
-        assert str(path) in str(err), repr(err)
-        return
-    assert 0 <= report.identical_steps <= report.total_steps
-    report.lines()

@@ -10,10 +10,10 @@ choice projects back to exactly the action it encodes.
 from __future__ import annotations
 
 import functools
-import os
 import typing
 
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from envs.config import EnvConfig
@@ -25,16 +25,8 @@ from envs.webshop.generate import generate_raw
 from rollout_workers.env_profiles import PROFILES, rollout_profile
 from rollout_workers.parsing import ACTION_CLOSE, ACTION_OPEN, InvalidReason, webshop_search_queries
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(300), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
-ENV_FUZZ = settings(max_examples=_scaled(120), deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(300)
+ENV_FUZZ = fuzz_settings(120)
 REASONS = set(typing.get_args(InvalidReason))
 CLASS = "action parser + projection"
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings, json_junk
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -37,20 +37,10 @@ from rollout_workers.parsing import action_choice
 from rollout_workers.types import Trajectory, Turn
 from routing.matching import MATCHERS
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(120), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz_settings(120)
 CLASS = "archived run files"
 
-JSON_JUNK = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=False), st.text(max_size=8)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
-    max_leaves=6)
+JSON_JUNK = json_junk(max_int=10**6)
 
 
 def _play(env_name: str, task, traj_id: str, group_id: str, rng: random.Random, detour: int) -> Trajectory:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings, json_junk, replay_mutated
+from hypothesis import given
 from hypothesis import strategies as st
 
 from deploy.parity.webshop import check_rewards, record, replay
@@ -31,20 +31,10 @@ from envs.webshop.catalogue import (
 from envs.webshop.env import WebShopEnv
 from envs.webshop.generate import generate_raw
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(150), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz_settings(150)
 CLASS = "webshop catalogue"
 
-JSON_JUNK = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-5, 10**12), st.floats(allow_nan=False), st.text(max_size=8)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
-    max_leaves=6)
+JSON_JUNK = json_junk(max_int=10**12)
 TEXT = st.one_of(st.text(max_size=12), st.sampled_from(["", " ", "nan", "B000000001", "x" * 11, "/", "$", "[", "]"]))
 
 
@@ -223,7 +213,7 @@ STEP_KEYS = ["action", "observation", "available_actions", "reward", "done", "se
 
 @FUZZ
 @given(data=st.data())
-def test_mutated_webshop_transcripts_replay_or_name_the_line(fuzz_cases, webshop_recorded, data, replay_mutated):
+def test_mutated_webshop_transcripts_replay_or_name_the_line(fuzz_cases, webshop_recorded, data):
     fuzz_cases(CLASS_TRANSCRIPT)
     root, rows, _cases = webshop_recorded
     picked = data.draw(st.lists(st.sampled_from(rows), min_size=1, max_size=2))

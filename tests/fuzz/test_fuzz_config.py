@@ -10,27 +10,20 @@ the cross-section model validators), with mutated types at every level.
 from __future__ import annotations
 
 import json
-import os
 import types
 import typing
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings, scaled
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from deploy.config import ConfigError, TrainConfig, apply_overrides, load_config
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(250), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz_settings(250)
 CLASS = "config loader"
 
 
@@ -187,7 +180,7 @@ def test_set_strings_apply_or_raise_config_error(fuzz_cases, overrides):
     _assert_clean(lambda: load_config(None, overrides))
 
 
-CLI_FUZZ = settings(FUZZ, max_examples=_scaled(60))
+CLI_FUZZ = settings(FUZZ, max_examples=scaled(60))
 DEMO = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "demo_cpu.yaml"
 
 

@@ -12,7 +12,6 @@ judgement ends within its time bound (retries x the per-attempt deadline, plus b
 from __future__ import annotations
 
 import json
-import os
 import socket
 import socketserver
 import threading
@@ -20,24 +19,17 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings, scaled
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skillbank_service.config import LLMCriticConfig
 from skillbank_service.critics import LLMCritic, PolicyCritic, parse_verdict
 from skillbank_service.types import CriticRequest
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(8), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-SLOW_FUZZ = settings(FUZZ, max_examples=_scaled(3))
-PARSE_FUZZ = settings(max_examples=_scaled(300), deadline=None, database=None,
-                      suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(8)
+SLOW_FUZZ = settings(FUZZ, max_examples=scaled(3))
+PARSE_FUZZ = fuzz_settings(300)
 CLASS = "critic replies"
 TIMEOUT_S = 0.4
 REQUEST = CriticRequest(candidate_id="c1", op="add", task_type="pick_and_place_simple",

@@ -11,26 +11,19 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings, json_junk, replay_mutated
+from hypothesis import given
 from hypothesis import strategies as st
 
 from deploy.parity.alfworld import read_transcripts, record, replay
 from envs.household.gamefile import GameFileError, load_game
 from envs.household.gamefile_engine import GameFileEngine
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(200), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = fuzz_settings(200)
 CLASS_GAME = "alfworld game files"
 CLASS_TRANSCRIPT = "alfworld parity transcripts"
 
@@ -91,10 +84,7 @@ def mutated_problem(draw: st.DrawFn, problem: str) -> str:
     return text
 
 
-JSON_JUNK = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=10)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
-    max_leaves=6)
+JSON_JUNK = json_junk(max_text=10)
 
 
 @st.composite
@@ -243,7 +233,7 @@ def test_transcripts_yield_walkable_episodes_or_name_the_line(fuzz_cases, trial,
 
 @FUZZ
 @given(data=st.data())
-def test_mutated_recordings_replay_or_name_the_line(fuzz_cases, recorded, data, replay_mutated):
+def test_mutated_recordings_replay_or_name_the_line(fuzz_cases, recorded, data):
     """Recorded episodes, mutated, replay on the embedded engine into a report (mismatches are
     fine) or fail with a ValueError naming the transcript file and line."""
     fuzz_cases(CLASS_TRANSCRIPT)

@@ -9,11 +9,11 @@ rendered trajectory never exceeds its character budget.
 
 from __future__ import annotations
 
-import os
 import typing
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_workers.proposer import (
@@ -24,14 +24,7 @@ from rollout_workers.proposer import (
     render_trajectory,
 )
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(400), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings(400)
 REASONS = set(typing.get_args(ProposalInvalid))
 CLASS = "proposer output"
 

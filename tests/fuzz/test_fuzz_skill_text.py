@@ -14,24 +14,17 @@ And quoting: whatever the text, it cannot close (or reopen) its own <skill> bloc
 
 from __future__ import annotations
 
-import os
 import re
 import unicodedata
 
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_workers.prompts import SKILL_CLOSE, SKILL_OPEN, quote_skill
 from skillbank_service.validation import normalise_text, reason_tag, validate_skill_text
 
-
-def _scaled(n: int) -> int:
-    """Examples per test; FUZZ_SCALE=10 runs a ten times deeper search."""
-    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
-
-
-FUZZ = settings(max_examples=_scaled(400), deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+FUZZ = fuzz_settings(400)
 CLASS = "skill text"
 MIN, MAX = 20, 1200
 TAGS = {"invalid_type", "length", "charset", "control_char", "instruction"}
