@@ -275,17 +275,15 @@ class Cluster:
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
         self._on_learners(lambda lw: lw.load_checkpoint.remote(str(ckpt_dir)), what="load_checkpoint")
 
-    def restart_learners(self, ckpt_dir: str | Path | None) -> None:
-        """Replace the learner group: kill every rank, release its placement group, start a new
-        group (new rendezvous file) from the run's model, then load `ckpt_dir` when given."""
+    def restart_learners(self) -> None:
+        """Replace the learner group: kill every rank, release its placement group, and start a new
+        group (new rendezvous file) from the run's model; the trainer then loads a checkpoint."""
         from deploy.topology import start_learners, stop_learners
 
         if self.learner_group is not None:
             stop_learners(self.learner_group)
             self.learner_group = None
         self.learner_group = start_learners(self.cfg, self.model_path)
-        if ckpt_dir is not None:
-            self.load_checkpoint(ckpt_dir)
 
     def drain_recoveries(self) -> list[Recovery]:
         out, self.recoveries = self.recoveries, []

@@ -274,15 +274,13 @@ class Trainer:
         log.warning("step %d: %s; restarting the learner group from %s (restart %d of at most %d)",
                     failed, err, ckpt or "the initial model", self.learner_restarts, limit)
         start = time.perf_counter()
-        self.cluster.restart_learners(ckpt / "learner" if ckpt is not None else None)
-        self.state = TrainerState.load(ckpt / "trainer_state.json") if ckpt is not None else TrainerState()
-        if self.router is not None:
-            if ckpt is not None:
-                self.router.load(ckpt / "router_buffer.jsonl")
-            else:
-                self.router = make_router(self.cfg)
-        rewind_metrics(self.sink.metrics_path, self.state.step)
-        self.cluster.sync_weights(self.state.policy_version)
+        self.cluster.restart_learners()
+        if ckpt is not None:
+            self.resume(ckpt)
+        else:  # back to the run's start: the new group holds the initial model
+            self.state, self.router = TrainerState(), make_router(self.cfg)
+            rewind_metrics(self.sink.metrics_path, 0)
+            self.cluster.sync_weights(0)
         self.faults.log.add(failed, [Recovery(
             "learner", f"learner group of {self.cfg.ray.num_learners} rank(s)", time.perf_counter() - start,
             {"replayed_steps": float(failed - 1 - self.state.step), "restored_step": float(self.state.step)})])
