@@ -87,7 +87,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from deploy.config import load_config
+    from deploy.config_loading import load_config
     from deploy.stages.uniskill_glue import ProposerPrompt, align_requests, rows_index
     from envs.pool import EnvPool
     from envs.tasks import sample_tasks

@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from deploy.config import load_config
+from deploy.config_loading import load_config
 from deploy.stages.smrc_sd import TeacherRouter, with_references
 from rollout_workers.types import Trajectory
 from routing.matching import route

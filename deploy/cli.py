@@ -24,7 +24,7 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", help="print the engines' 
 
 
 def _load(config: Path | None, overrides: list[str] | None):
-    from deploy.config import ConfigError, load_config
+    from deploy.config_loading import ConfigError, load_config
 
     try:
         return load_config(config, overrides or [])
@@ -34,7 +34,7 @@ def _load(config: Path | None, overrides: list[str] | None):
 
 
 def _check_model(path: str) -> None:
-    from deploy.config import ConfigError, resolve_model_path
+    from deploy.config_loading import ConfigError, resolve_model_path
 
     try:
         resolve_model_path(path)

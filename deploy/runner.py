@@ -7,7 +7,8 @@ from pathlib import Path
 from rich.console import Console
 
 from deploy.cluster import Cluster
-from deploy.config import ConfigError, TrainConfig, resolve_model_path, save_resolved
+from deploy.config import TrainConfig
+from deploy.config_loading import ConfigError, resolve_model_path, save_resolved
 from deploy.evaluation import EvalResult
 from deploy.metrics import MetricsSink
 from deploy.trainer import Trainer, TrainerState, latest_checkpoint, run_evaluation

@@ -269,7 +269,7 @@ def run_ralign_vs_rollout(run_dir: Path, *, model_path: str | None = None, sampl
     cluster = None
     if runner is None:
         from deploy.cluster import Cluster
-        from deploy.config import load_config
+        from deploy.config_loading import load_config
 
         if model_path is None:
             raise ValueError("model_path is required when no runner is given")

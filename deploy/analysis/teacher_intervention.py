@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from deploy.analysis.stats import bootstrap_ci, paired_bootstrap_ci, unpaired_bootstrap_ci
-from deploy.config import TrainConfig, load_config
+from deploy.config import TrainConfig
+from deploy.config_loading import load_config
 from deploy.stages.smrc_sd import TeacherRouter, with_references
 from envs.registry import make_env
 from rollout_workers.episode import Episode

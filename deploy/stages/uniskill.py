@@ -22,7 +22,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from deploy.config import TrainConfig, UniSkillConfig
+from deploy.config import TrainConfig
+from deploy.config_uniskill import UniSkillConfig
 from deploy.stages.uniskill_glue import (
     Critic,
     ProposalRequest,

@@ -18,7 +18,7 @@ workers comes in as a `ProposalWorkers` object (`deploy.cluster.Cluster` in a ru
 
 `UniSkillStage` bundles these for the trainer (retrieve / propose / learner_inputs / commit) with
 the bank, critic and generator injected; `make_stage` builds it for a run. The variant table
-(actor_only / proposer_only / no_r_align / no_support_reg) lives in `deploy.config.VARIANT_SWITCHES`;
+(actor_only / proposer_only / no_r_align / no_support_reg) lives in `deploy.config_uniskill.VARIANT_SWITCHES`;
 `switches(cfg)` reads it.
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from deploy.config import UNISKILL_OFF, VARIANT_SWITCHES, UniSkillConfig, VariantSwitches
+from deploy.config_uniskill import UNISKILL_OFF, VARIANT_SWITCHES, UniSkillConfig, VariantSwitches
 from envs.types import TaskSpec
 from learner.types import AlignAnchor, AlignRequest, ProposalRow, ProposalScore, TrainRow
 from rollout_workers.config import RolloutConfig

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config import load_config
+from deploy.config_loading import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

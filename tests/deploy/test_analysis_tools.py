@@ -10,7 +10,8 @@ import pytest
 from deploy.analysis.compare_runs import compare_runs
 from deploy.analysis.stats import bootstrap_ci, paired_bootstrap_ci, unpaired_bootstrap_ci
 from deploy.analysis.teacher_intervention import run_teacher_intervention
-from deploy.config import MethodConfig, RunConfig, TrainConfig
+from deploy.config import TrainConfig
+from deploy.config_sections import MethodConfig, RunConfig
 from deploy.evaluation import EvalResult, TypeResult
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from envs.config import EnvConfig

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config import ConfigError, apply_overrides, load_config, save_resolved
+from deploy.config_loading import ConfigError, apply_overrides, load_config, save_resolved
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "deploy" / "configs").glob("*.yaml"))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config import load_config
+from deploy.config_loading import load_config
 from deploy.trainer import step_seed
 from envs.tasks import eval_tasks, sample_tasks
 

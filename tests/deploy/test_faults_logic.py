@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config import load_config
+from deploy.config_loading import load_config
 from deploy.faults import FaultInjector, FaultLog, FaultRecord, survived_line
 from deploy.recovery import Recovery
 from deploy.trainer import rewind_metrics

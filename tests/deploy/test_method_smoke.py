@@ -20,7 +20,7 @@ ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": 
 
 
 def _distilling(config: Path) -> bool:
-    from deploy.config import load_config
+    from deploy.config_loading import load_config
 
     cfg = load_config(config)
     return cfg.method.name != "grpo" and not cfg.uniskill.enabled  # UniSkill + SMRC-SD: test_uniskill_smoke
@@ -82,7 +82,7 @@ def _with_reference(trajectories: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_method_config_routes_turns(config, runs):
-    from deploy.config import load_config
+    from deploy.config_loading import load_config
     from deploy.stages.smrc_sd import RULES
 
     expected = load_config(config).method

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.config import ConfigError, resolve_model_path
+from deploy.config_loading import ConfigError, resolve_model_path
 
 
 def test_existing_model_directory_is_made_absolute(tmp_path, monkeypatch):

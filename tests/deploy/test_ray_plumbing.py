@@ -77,7 +77,7 @@ def test_env_pool_actor_crash_is_survived_and_counted(ray_cluster, tmp_path):
 
 
 def test_unschedulable_topology_fails_fast_naming_the_knobs(ray_cluster):
-    from deploy.config import load_config
+    from deploy.config_loading import load_config
     from deploy.topology import check_resources
 
     cfg = load_config(None, ["ray.learner_cpus=8"])

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from deploy.config import ConfigError, load_config
+from deploy.config_loading import ConfigError, load_config
 from deploy.runner import run_training
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from deploy.analysis import ralign_vs_rollout as rv
 from deploy.analysis.uniskill_plots import growth_summary, run_skills_growth
-from deploy.config import TrainConfig, UniSkillConfig
+from deploy.config import TrainConfig
+from deploy.config_uniskill import UniSkillConfig
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.metrics import MetricsSink
 from deploy.plots import plot_skills, skill_series
@@ -351,7 +352,7 @@ def test_ralign_vs_rollout_cli_on_local_ray(tmp_path):
     import subprocess
     import sys
 
-    from deploy.config import load_config
+    from deploy.config_loading import load_config
     from envs.tasks import sample_tasks
 
     root = Path(__file__).resolve().parents[2]

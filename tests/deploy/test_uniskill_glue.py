@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploy.config import UniSkillConfig, load_config
+from deploy.config_loading import load_config
+from deploy.config_uniskill import UniSkillConfig
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.stages import uniskill_glue as us
 from deploy.stages.uniskill import UniSkillStage
@@ -83,7 +84,7 @@ def test_variant_switches_reach_the_learner_config():
 
 
 def test_learner_slice_is_derived_not_duplicated():
-    from deploy.config import ConfigError
+    from deploy.config_loading import ConfigError
 
     base = "deploy/configs/smoke_cpu_uniskill.yaml"
     cfg = load_config(base, ["run.total_steps=7", "learner.sd.warm_down=true"])
@@ -98,7 +99,7 @@ def test_learner_slice_is_derived_not_duplicated():
 
 
 def test_resolved_config_resumes_with_a_longer_run(tmp_path):
-    from deploy.config import save_resolved
+    from deploy.config_loading import save_resolved
 
     saved = save_resolved(load_config("deploy/configs/smoke_cpu_smrc_sd.yaml", ["learner.sd.warm_down=true"]), tmp_path)
     longer = load_config(saved, ["run.total_steps=9"])
@@ -106,7 +107,7 @@ def test_resolved_config_resumes_with_a_longer_run(tmp_path):
 
 
 def test_config_errors_name_the_key():
-    from deploy.config import ConfigError
+    from deploy.config_loading import ConfigError
 
     with pytest.raises(ConfigError, match="rollout.group_size=2"):
         load_config("deploy/configs/smoke_cpu.yaml", ["uniskill.enabled=true"])

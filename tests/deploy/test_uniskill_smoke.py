@@ -107,7 +107,8 @@ def variant_runs(warm_model, tmp_path_factory):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_uniskill_variant_runs_a_step(variant, variant_runs):
-    from deploy.config import VARIANT_SWITCHES, load_config
+    from deploy.config_loading import load_config
+    from deploy.config_uniskill import VARIANT_SWITCHES
 
     cfg = load_config(CONFIGS / f"smoke_cpu_{variant}.yaml")
     switches = VARIANT_SWITCHES[cfg.uniskill.variant]

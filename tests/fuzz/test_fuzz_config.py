@@ -1,5 +1,5 @@
 """The run config as it comes in: a YAML (or resolved JSON) file, possibly starting from a `base:`
-file, plus `--set key=value` strings as the CLI passes them (deploy.config.load_config).
+file, plus `--set key=value` strings as the CLI passes them (deploy.config_loading.load_config).
 
 Property: every input is either a valid `TrainConfig` or a `ConfigError` (the loader's own error
 type, raised for pydantic's ValidationError too) with a message; never another exception type.
@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from deploy.config import ConfigError, TrainConfig, apply_overrides, load_config
+from deploy.config import TrainConfig
+from deploy.config_loading import ConfigError, apply_overrides, load_config
 
 FUZZ = fuzz_settings(250)
 CLASS = "config loader"

@@ -1,0 +1,160 @@
+"""Reading a config: YAML (or a saved config.resolved.json) with `base:` inheritance, dotted
+`--set key=value` overrides, validation into `TrainConfig` with errors that name the key, and the
+driver-side check of `model.path`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from deploy.config import TrainConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased so the user knows which key to fix."""
+
+
+def _parse_value(text: str, key: str = "") -> Any:
+    """YAML scalar/list parsing, plus floats YAML 1.1 leaves as strings (`3e-5`)."""
+    try:
+        value = yaml.safe_load(text) if text != "" else ""
+    except (yaml.YAMLError, ValueError, RecursionError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"override {key}={text!r}: the value is not valid YAML ({reason}); wrap it in "
+                          "quotes to pass it as text") from None
+    if isinstance(value, str):
+        try:
+            return float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted `key=value` overrides (values parsed as YAML scalars/lists) to a nested dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = _parse_value(raw, key.strip())
+    return tree
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  unknown key '{key}' (typo? see `python -m deploy validate-config --help`)")
+        else:
+            lines.append(f"  {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file as a dict. YAML files may start from another with `base: other.yaml`
+    (relative to the file); keys given here override the base's, section by section."""
+    try:
+        p = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"config file {str(path)!r} is not a usable path ({err})") from None
+    if not p.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    if p in _seen:
+        raise ConfigError(f"config {p} includes itself through 'base'")
+    try:
+        text = p.read_text()
+        tree = (json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)) or {}
+    except (OSError, yaml.YAMLError, ValueError, RecursionError) as err:  # JSON and UTF-8 errors are ValueErrors
+        raise ConfigError(f"config {p} cannot be parsed: {err}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config {p} must be a mapping at the top level")
+    base = tree.pop("base", None)
+    if base and not isinstance(base, str):
+        raise ConfigError(f"config {p}: 'base' must name another config file, got {base!r}")
+    return _deep_merge(read_tree(p.parent / base, (*_seen, p)), tree) if base else tree
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read YAML (or a saved config.resolved.json), apply overrides, validate."""
+    tree = read_tree(path) if path is not None else {}
+    source = str(path) if path is not None else "<defaults>"
+    tree = apply_overrides(tree, overrides or [])
+    try:
+        cfg = TrainConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+    data_path = cfg.env.data_path
+    if data_path is not None:
+        try:
+            expanded = Path(data_path).expanduser()
+            resolved = None if expanded.is_absolute() else str(expanded.resolve())
+        except (OSError, RuntimeError, ValueError) as err:  # "~unknown_user", a NUL byte, a link loop
+            raise ConfigError(f"env.data_path={data_path!r} is not a usable path ({err})") from None
+        if resolved is not None:
+            # Actors (and `ray job submit` jobs, whose working dir leaves runs/ out) must see the same
+            # folder the driver meant: resolve against the driver's working directory once, here.
+            cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"data_path": resolved})})
+    return cfg
+
+
+def save_resolved(cfg: TrainConfig, run_dir: str | Path) -> Path:
+    out = Path(run_dir) / "config.resolved.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Derived fields stay out, so a resumed run with another run.total_steps derives them afresh.
+    out.write_text(cfg.model_dump_json(indent=2, exclude={"learner": {"sd": {"total_steps"}}}))
+    return out
+
+
+def resolve_model_path(path: str) -> str:
+    """The model every actor will load, checked on the driver before any actor starts: an existing
+    directory (made absolute, so actors and `ray job submit` jobs see the folder the driver meant)
+    or a hub id already in the local Hugging Face cache. Anything else is a ConfigError that names
+    the path and the fix, instead of the hub's "Repo id must be in the form ..." from inside an actor."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.path {path!r} is a directory without config.json: point it at a "
+                              "Hugging Face model directory")
+        return str(local.resolve())
+    if local.exists():
+        raise ConfigError(f"model.path {path!r} is a file; it must be a Hugging Face model directory")
+    if _in_hf_cache(path):
+        return path
+    raise ConfigError(
+        f"model.path {path!r} is neither a directory nor a model in the local Hugging Face cache. "
+        "Build the laptop model with `python -m deploy build-tiny-model --out runs/tiny/base` (then "
+        "`python -m deploy sft` for runs/tiny/sft), download the model first "
+        "(`huggingface-cli download <org/name>`), or set --set model.path=<HF model directory>")
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+        return False
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.errors import HFValidationError
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except HFValidationError:
+        return False
