@@ -227,16 +227,31 @@ def ralign_vs_rollout(
     sample: Annotated[int, typer.Option(help="archived ADD/UPDATE proposals sampled")] = 32,
     k: Annotated[int, typer.Option(help="episodes per proposal and arm (s~ and s_orig)")] = 4,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    steps: Annotated[str | None, typer.Option(
+        help="comma-separated training steps (e.g. 25,75): each step's proposals are played with the policy "
+             "that scored them (the checkpoint after the previous step), reported per step")] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """UniSkill: R_align vs the real rollout gain of sampled proposals (Spearman rho; analysis only)."""
     from deploy.analysis.ralign_vs_rollout import run_ralign_vs_rollout, summary_line
 
-    model = model or _last_hf(run)
-    _check_model(str(model))
+    step_list = None
+    if steps is not None:
+        try:
+            step_list = [int(x) for x in steps.split(",") if x.strip()]
+        except ValueError:
+            typer.secho(f"--steps {steps!r}: give comma-separated step numbers, e.g. 25,75", fg="red", err=True)
+            raise typer.Exit(2) from None
+        if model is not None:
+            typer.secho("--steps plays each step with its own checkpoint: drop --model", fg="red", err=True)
+            raise typer.Exit(2)
+    else:
+        model = model or _last_hf(run)
+        _check_model(str(model))
     _route_logs(run / "analysis", verbose)
     try:
-        result = run_ralign_vs_rollout(run, model_path=str(model), sample=sample, k=k, seed=seed)
+        result = run_ralign_vs_rollout(run, model_path=None if step_list else str(model), sample=sample, k=k,
+                                       seed=seed, steps=step_list)
     except ValueError as err:
         typer.secho(str(err), fg="red", err=True)
         raise typer.Exit(2) from None
@@ -251,17 +266,33 @@ def ralign_vs_rollout(
     typer.echo(f"positive R_align: n={st.n_positive}, mean gain {f(st.mean_gain_positive)}, "
                f"losing share {f(st.share_positive_losing, '.3f')}; "
                f"non-positive: n={st.n_nonpositive}, mean gain {f(st.mean_gain_nonpositive)}")
+    for step, stats in result.by_step.items() if step_list else ():
+        typer.echo(f"step {step} ({result.models[step]}): {summary_line(stats)}")
     typer.echo(f"wrote {result.json_path} and {result.png_path}")
     typer.echo(summary_line(st))
 
 
 @analyze.command("compare-runs")
-def compare_runs_cmd(runs: Annotated[list[Path], typer.Argument(help="run directories")],
-                     out: Annotated[Path, typer.Option(help="output stem (.md and .png)")] = Path("runs/compare_runs")) -> None:
-    """Final metrics of several runs side by side (Markdown table + PNG)."""
-    from deploy.analysis.compare_runs import compare_runs
+def compare_runs_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="run directories and/or results files (results/*.json)")],
+    out: Annotated[Path, typer.Option(help="output stem (.md and .png)")] = Path("runs/compare_runs"),
+    layout: Annotated[str, typer.Option(help="runs | smrc_sd (the SMRC-SD main table) | uniskill (UniSkill's table)")] = "runs",
+    split: Annotated[str | None, typer.Option(help="only this evaluation split (default: every split)")] = None,
+    export: Annotated[Path | None, typer.Option(help="also write the run directories' rows as a results JSON")] = None,
+    title: Annotated[str, typer.Option(help="title of the --export file")] = "compare-runs export",
+) -> None:
+    """Final metrics of several runs side by side (Markdown table + PNG), in a paper's layout if asked."""
+    from deploy.analysis.compare_runs import compare_runs, export_results
 
-    compare_runs(runs, out=out)
+    try:
+        compare_runs(runs, out=out, layout=layout, split=split)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if export is not None:
+        command = "python -m deploy analyze compare-runs " + " ".join(sys.argv[sys.argv.index("compare-runs") + 1:]
+                                                                       if "compare-runs" in sys.argv else map(str, runs))
+        export_results([r for r in runs if r.is_dir()], export, title=title, command=command, split=split)
+        typer.echo(f"wrote {export}")
     typer.echo(out.with_suffix(".md").read_text())
 
 

@@ -3,6 +3,7 @@ reward check). Each command is a thin shell over a function in envs/ or deploy/p
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -52,6 +53,9 @@ def replay(
     episodes: Annotated[int, typer.Option(help="--record: episodes to record")] = 20,
     seed: Annotated[int, typer.Option(help="--record: seed of the action mix")] = 0,
     max_steps: Annotated[int | None, typer.Option(help="--record: step limit (default: the env's)")] = None,
+    env_kwargs: Annotated[str | None, typer.Option(
+        help='WebShop --record: upstream env options as JSON, e.g. \'{"show_attrs": true}\' (written on '
+             'every line; a replay applies each line\'s own "env_kwargs")')] = None,
 ) -> None:
     """Replay recorded episodes on a backend and compare every step (or record new ones)."""
     if (transcripts is None) == (record is None):
@@ -64,16 +68,39 @@ def replay(
     else:
         typer.secho(f"--env must be alfworld or webshop, got {env!r}", fg="red", err=True)
         raise typer.Exit(2)
-    if record is not None:
-        n = tool.record(backend=backend, data_path=data_path, out=record, episodes=episodes, seed=seed,
-                        max_steps=max_steps)
-        typer.echo(f"recorded {n} episodes to {record}")
-        return
-    report = tool.replay(backend=backend, data_path=data_path, transcripts=transcripts, env_meta=env_meta)
+    options = _env_kwargs(env, env_kwargs)
+    try:
+        if record is not None:
+            extra = {"env_kwargs": options} if options else {}
+            n = tool.record(backend=backend, data_path=data_path, out=record, episodes=episodes, seed=seed,
+                            max_steps=max_steps, **extra)
+            typer.echo(f"recorded {n} episodes to {record}")
+            return
+        report = tool.replay(backend=backend, data_path=data_path, transcripts=transcripts, env_meta=env_meta)
+    except (ValueError, TypeError) as err:  # a malformed transcript, env meta or option: named, no traceback
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
     for line in report.lines():
         typer.echo(line)
     if report.identical_steps != report.total_steps:
         raise typer.Exit(1)
+
+
+def _env_kwargs(env: str, text: str | None) -> dict:
+    if text is None:
+        return {}
+    if env != "webshop":
+        typer.secho("--env-kwargs applies to --env webshop only", fg="red", err=True)
+        raise typer.Exit(2)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        typer.secho(f"--env-kwargs is not JSON ({err.msg}): {text!r}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(value, dict):
+        typer.secho(f"--env-kwargs must be a JSON object, got {text!r}", fg="red", err=True)
+        raise typer.Exit(2)
+    return value
 
 
 @env_app.command("webshop-reward")

@@ -28,6 +28,15 @@ from deploy.recovery import (
     is_actor_death,
     wait_alive,
 )
+from deploy.weight_sync import (
+    PROBE_TEXT,
+    PROBE_TOKENS,
+    BroadcastSync,
+    WeightSyncFailed,
+    max_logprob_gap,
+    probe_rows,
+    verify_tolerance,
+)
 from envs.types import TaskSpec
 from rollout_workers.types import Generation, RolloutStats, Trajectory
 
@@ -71,6 +80,9 @@ class Cluster:
     """Survived failures not yet logged (drained by the trainer into metrics.jsonl)."""
     on_submit: Callable[[str], None] | None = None
     """Called with "collect" / "train" once those calls are in flight (the fault injector's hook)."""
+    last_sync: dict[str, float] = field(default_factory=dict)
+    """Facts of the last weight sync: seconds, bytes (broadcast), probe_max_dlogp (with sync.verify)."""
+    _broadcast: BroadcastSync | None = None
 
     @classmethod
     def start(cls, cfg: TrainConfig, model_path: str, *, with_learner: bool = True) -> Cluster:
@@ -182,6 +194,8 @@ class Cluster:
         start = time.perf_counter()
         handle = self.workers[w]
         wait_alive(lambda: handle.policy_version.remote(), timeout_s=self._timeout_s, what=f"{name} restart")
+        if self._broadcast is not None:
+            self._broadcast.reset()  # a new process: the weight-sync group is rebuilt at the next sync
         facts = {"lost_calls": float(lost_calls)}
         if self.learners:
             files_ref = self._export()
@@ -191,6 +205,12 @@ class Cluster:
                 if digest != self.weights_digest:
                     raise RuntimeError(f"{name} restarted with weights that differ from the policy's "
                                        f"version {self.policy_version}")
+                facts["weights_current"] = 1.0
+            elif self.cfg.sync.method == "broadcast":  # no digest on this path: the log-prob probe
+                [probe] = get_all([handle.probe.remote(PROBE_TEXT, max_tokens=PROBE_TOKENS,
+                                                       temperature=self.cfg.learner.temperature, seed=self.policy_version)],
+                                  timeout_s=self._timeout_s, what=f"{name} probe")
+                self._check_probes([probe], [w])
                 facts["weights_current"] = 1.0
         [version] = get_all([handle.policy_version.remote()], timeout_s=self._timeout_s, what=f"{name} version")
         if version != self.policy_version:
@@ -249,6 +269,58 @@ class Cluster:
         return pairs[0][0]
 
     def sync_weights(self, version: int) -> None:
+        """Make every engine hold the learners' current weights as `version` (`sync.method`):
+        broadcast over the weight-sync group (no files, no digest), or through the object store.
+        A failed broadcast names the members concerned and raises LearnerGroupFailed when a
+        learner rank died; when only rollout workers failed, this sync falls back to the object
+        store (which restarts and reloads dead workers) and the next one rebuilds the group.
+        With sync.verify, every engine's probe log-probs must match the learner's."""
+        start = time.perf_counter()
+        self.last_sync = {}
+        if self.cfg.sync.method == "broadcast":
+            self._sync_broadcast(version)
+        else:
+            self._sync_object_store(version)
+        self.last_sync["seconds"] = time.perf_counter() - start
+        if self.cfg.sync.verify:
+            self.last_sync["probe_max_dlogp"] = self.verify_weights()
+
+    def _sync_broadcast(self, version: int) -> None:
+        if self._broadcast is None:
+            self._broadcast = BroadcastSync(self.cfg)
+        node = getattr(self.learner_group, "node_id", None)
+        self.policy_version, self.weights_digest = version, None
+        try:
+            self.last_sync["bytes"] = float(self._broadcast.sync(self.learners, node, self.workers, version))
+        except WeightSyncFailed as err:
+            if any(name.startswith("learner_") for name in err.dead) or self._dead_ranks():
+                raise LearnerGroupFailed(str(err)) from err
+            log.warning("%s; this sync goes through the object store instead", err)
+            self._sync_object_store(version)
+
+    def verify_weights(self) -> float:
+        """Each engine continues a fixed probe at the learner's temperature; every learner rank
+        re-scores the samples. Returns max |engine - learner| log-prob; raises WeightSyncFailed
+        naming the worker when it exceeds sync.verify_tol."""
+        temp = self.cfg.learner.temperature
+        probes = self._on_workers([(w, lambda h: h.probe.remote(PROBE_TEXT, max_tokens=PROBE_TOKENS, temperature=temp,
+                                                                 seed=self.policy_version))
+                                   for w in range(len(self.workers))], what="sync probe")
+        return self._check_probes(probes, list(range(len(self.workers))))
+
+    def _check_probes(self, probes: Sequence, worker_ids: Sequence[int]) -> float:
+        """Every learner rank re-scores the workers' probe samples; max gap, or WeightSyncFailed."""
+        rows = probe_rows(probes)
+        scores = self._on_learners(lambda lw: lw.score.remote(rows), what="sync probe score")[0]
+        for w, row, score in zip(worker_ids, rows, scores):
+            gap, tol = max_logprob_gap([row], [score]), verify_tolerance(self.cfg)
+            if gap > tol:
+                raise WeightSyncFailed(f"rollout_worker_{w} holds weights that differ from the learner's after the "
+                                       f"sync to version {self.policy_version}: probe log-probs differ by {gap:.3g} "
+                                       f"> sync.verify_tol={tol:g}")
+        return max_logprob_gap(rows, scores)
+
+    def _sync_object_store(self, version: int) -> None:
         """Rank 0's exported bytes travel through the object store to every engine's node."""
         files_ref = self._export()
         self.policy_version, self.weights_digest = version, None  # a worker restarted meanwhile loads these
@@ -259,14 +331,11 @@ class Cluster:
         self.weights_digest = digests[0] if digests else None
 
     def export_hf(self, out_dir: str | Path) -> Path:
-        """Write the current policy as an HF directory on the driver's filesystem."""
-        import ray
-
-        files_ref = self._export()
+        """Write the current policy as an HF directory at `out_dir`, from the learner ranks themselves
+        (`LearnerWorker.export_weights`: module by module under ZeRO-3, rank 0 writes): on a cluster
+        `out_dir` lies under run.output_dir on shared storage, and no weights pass through the driver."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, data in ray.get(files_ref, timeout=self._timeout_s).items():
-            (out / name).write_bytes(data)
+        self._on_learners(lambda lw: lw.export_weights.remote(str(out)), what="export_hf")
         return out
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> None:
@@ -283,6 +352,8 @@ class Cluster:
         if self.learner_group is not None:
             stop_learners(self.learner_group)
             self.learner_group = None
+        if self._broadcast is not None:
+            self._broadcast.reset()
         self.learner_group = start_learners(self.cfg, self.model_path)
 
     def drain_recoveries(self) -> list[Recovery]:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from deploy.config_sections import (
+    SKILL_METHOD_SD_FORM,
     EvalConfig,
     FaultsConfig,
     MethodConfig,
@@ -21,6 +22,7 @@ from deploy.config_sections import (
     RunConfig,
     Section,
     SFTConfig,
+    SyncConfig,
 )
 from deploy.config_uniskill import UniSkillConfig, proposer_loss_settings
 from envs.config import EnvConfig
@@ -42,6 +44,7 @@ class TrainConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     uniskill: UniSkillConfig = Field(default_factory=UniSkillConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -83,6 +86,14 @@ class TrainConfig(Section):
             raise ValueError(f"learner.sd.total_steps={sd['total_steps']!r} contradicts run.total_steps="
                              f"{run.total_steps}, which sets it; remove the former")
         sd = {**sd, "total_steps": run.total_steps}
+        method = data.get("method", {})
+        method = method.get("name") if isinstance(method, dict) else getattr(method, "name", None)
+        if method in SKILL_METHOD_SD_FORM:
+            form = SKILL_METHOD_SD_FORM[method]
+            if sd.get("form", form) != form:
+                raise ValueError(f"learner.sd.form={sd['form']!r} contradicts method.name={method!r}, which "
+                                 f"uses the {form!r} loss; remove learner.sd.form")
+            sd["form"] = form
         return {**data, "learner": {**learner, "proposer": {**proposer, **derived}, "sd": sd}}
 
     @model_validator(mode="after")
@@ -92,6 +103,9 @@ class TrainConfig(Section):
         u = self.uniskill
         if not u.enabled:
             return self
+        if u.variant == "proposer_only" and self.method.name != "grpo":
+            raise ValueError(f"uniskill.variant='proposer_only' trains the proposer alone, but method.name="
+                             f"{self.method.name!r} distils the actor; set method.name=grpo")
         if self.rollout.group_size < 4:
             raise ValueError(f"uniskill.variant={u.variant!r} proposes from groups with >= 2 successes and >= 2 "
                              f"failures; rollout.group_size={self.rollout.group_size} can never have them: set >= 4")
@@ -109,6 +123,27 @@ class TrainConfig(Section):
         if self.method.name != "grpo" and self.env.name not in TRACKERS:
             raise ValueError(f"method.name={self.method.name!r} routes turns by state, and env.name={self.env.name!r} "
                              f"has no state tracker (routing.trackers knows {', '.join(sorted(TRACKERS))})")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_gpus_fit_tensor_parallel(self) -> TrainConfig:
+        """A RolloutWorker runs one engine; with tensor parallelism it spans exactly
+        engine.tensor_parallel_size whole GPUs (one placement bundle each, `deploy.topology`)."""
+        tp, gpus = self.engine.tensor_parallel_size, self.ray.rollout_gpus
+        if tp > 1 and self.engine.engine != "vllm":
+            raise ValueError(f"engine.tensor_parallel_size={tp} applies to engine.engine='vllm' only; "
+                             f"engine.engine={self.engine.engine!r} runs on one device: set it to 1")
+        if tp > 1 and gpus == 0:
+            raise ValueError(f"engine.tensor_parallel_size={tp} needs GPUs (one per rank) but ray.rollout_gpus=0; "
+                             f"set ray.rollout_gpus={tp}, or tensor_parallel_size=1 on CPU")
+        if gpus > 1 or tp > 1:
+            if gpus != int(gpus) or int(gpus) % tp:
+                raise ValueError(f"ray.rollout_gpus={gpus:g} must be a multiple of engine.tensor_parallel_size={tp} "
+                                 f"(each tensor-parallel rank holds a whole GPU): set ray.rollout_gpus={tp}")
+            if int(gpus) != tp:
+                raise ValueError(f"ray.rollout_gpus={gpus:g} is {int(gpus) // tp} x engine.tensor_parallel_size={tp}, "
+                                 "but a RolloutWorker runs one engine, so the extra GPUs would sit idle: set "
+                                 f"ray.rollout_gpus={tp} and raise rollout.num_workers to use more GPUs")
         return self
 
     @model_validator(mode="after")

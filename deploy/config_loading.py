@@ -5,6 +5,8 @@ driver-side check of `model.path`."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +95,58 @@ def read_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return _deep_merge(read_tree(p.parent / base, (*_seen, p)), tree) if base else tree
 
 
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env(tree: Any, env: dict[str, str] | None = None, _key: str = "") -> Any:
+    """Replace every `${NAME}` inside string values with the environment variable NAME (after
+    `base:` merging and `--set` overrides, so either may use it). An unset or empty variable is a
+    ConfigError naming the variable and the key; `$$` is not special and a bare `$NAME` stays as is."""
+    env = os.environ if env is None else env
+    if isinstance(tree, dict):
+        return {k: expand_env(v, env, f"{_key}.{k}" if _key else str(k)) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [expand_env(v, env, f"{_key}[{i}]") for i, v in enumerate(tree)]
+    if not isinstance(tree, str) or "${" not in tree:
+        return tree
+
+    def one(match: re.Match) -> str:
+        name = match.group(1)
+        value = env.get(name)
+        if not value:
+            raise ConfigError(f"{_key}={tree!r} needs the environment variable {name}, which is not set: "
+                              f"export {name}=<value> before loading the config (or override the key with "
+                              f"--set {_key}=<value>)")
+        return value
+
+    return _ENV_REF.sub(one, tree)
+
+
+def _check_cross_section(cfg: TrainConfig) -> None:
+    """Checks that need more than one section or the driver's environment."""
+    from envs.tasks import is_generated
+
+    if cfg.eval.num_tasks is None and is_generated(cfg.env):
+        raise ConfigError("eval.num_tasks=all evaluates a whole split, but generated households (env.backend="
+                          "embedded without env.data_path) have no end: set eval.num_tasks=<N> or env.data_path")
+    if "wandb" in cfg.run.loggers:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("run.loggers lists wandb but the wandb package is not installed: "
+                              "pip install '.[wandb]' (or remove wandb from run.loggers)") from None
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read YAML (or a saved config.resolved.json), apply overrides, validate."""
+    """Read YAML (or a saved config.resolved.json), apply overrides, expand `${ENV_VARS}`, validate."""
     tree = read_tree(path) if path is not None else {}
     source = str(path) if path is not None else "<defaults>"
-    tree = apply_overrides(tree, overrides or [])
+    tree = expand_env(apply_overrides(tree, overrides or []))
     try:
         cfg = TrainConfig.model_validate(tree)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
+    _check_cross_section(cfg)
     data_path = cfg.env.data_path
     if data_path is not None:
         try:
@@ -139,11 +184,26 @@ def resolve_model_path(path: str) -> str:
         raise ConfigError(f"model.path {path!r} is a file; it must be a Hugging Face model directory")
     if _in_hf_cache(path):
         return path
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path):  # looks like a hub id
+        raise ConfigError(
+            f"model.path {path!r} (a Hugging Face hub id) is not in the local Hugging Face cache "
+            f"({_hf_cache_dir()}), and runs never download (HF_HUB_OFFLINE=1 on every actor). Provide it "
+            f"before submitting: `huggingface-cli download {path}` on a machine that can reach the hub, "
+            "into the cache every node reads (HF_HOME / HF_HUB_CACHE on shared storage), or download it "
+            "to a directory and pass --set model.path=/shared/models/<name>")
     raise ConfigError(
         f"model.path {path!r} is neither a directory nor a model in the local Hugging Face cache. "
         "Build the laptop model with `python -m deploy build-tiny-model --out runs/tiny/base` (then "
         "`python -m deploy sft` for runs/tiny/sft), download the model first "
         "(`huggingface-cli download <org/name>`), or set --set model.path=<HF model directory>")
+
+
+def _hf_cache_dir() -> str:
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:
+        return "~/.cache/huggingface/hub"
+    return str(HF_HUB_CACHE)
 
 
 def _in_hf_cache(repo_id: str) -> bool:

@@ -3,7 +3,7 @@ lives with its package; these belong to the driver. Assembled into `TrainConfig`
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -32,6 +32,9 @@ class RunConfig(Section):
     """Evaluate on the fixed eval set every N steps (0 = only at the end when eval.at_end)."""
     checkpoint_every: int = 0
     """Checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int | None = Field(None, ge=1)
+    """Keep only the newest N complete checkpoints (older ones are deleted after each save; the
+    latest complete one never is); None keeps all."""
     progress: bool = True
     """Show a rich progress bar."""
     save_trajectories: bool = True
@@ -39,6 +42,12 @@ class RunConfig(Section):
     max_restarts: int = Field(3, ge=0)
     """Times the run restarts its learner group from the last checkpoint after a learner rank
     dies, before it gives up; also the restarts Ray grants each rollout worker."""
+    loggers: tuple[Literal["tensorboard", "wandb"], ...] = ("tensorboard",)
+    """Experiment trackers fed with every step record and evaluation (metrics.jsonl and eval/*.json
+    are always written): TensorBoard events in tb/; Weights & Biases (`pip install '.[wandb]'`;
+    WANDB_MODE=offline writes RUN/wandb/ without a server) with the resolved config and eval tables."""
+    wandb_project: str = "agentrl"
+    """Weights & Biases project of the run (with `wandb` in `loggers`); the run is `run.name`."""
 
 
 FaultComponent = Literal["rollout_worker", "learner", "env_pool", "skillbank_redis", "skillbank_actor", "driver"]
@@ -65,11 +74,19 @@ class FaultsConfig(Section):
         return self
 
 
+EvalSplit = Literal["train", "valid_seen", "valid_unseen"]
+
+
 class EvalConfig(Section):
-    split: Literal["train", "valid_seen", "valid_unseen"] = "valid_unseen"
-    """Fixed evaluation split (the only trustworthy success signal; on-policy success is noisy)."""
-    num_tasks: int = 32
-    """Number of fixed evaluation tasks."""
+    split: EvalSplit = "valid_unseen"
+    """Fixed evaluation split (the only trustworthy success signal; on-policy success is noisy).
+    With `splits` set it is the first of them (a single-split config may keep using `split`)."""
+    splits: tuple[EvalSplit, ...] | None = None
+    """Evaluate each of these splits in one run (e.g. [valid_seen, valid_unseen], as both papers
+    report); None = [split]. Each split gets its own eval JSON, TensorBoard tags and plot line."""
+    num_tasks: int | None = Field(32, ge=1)
+    """Fixed evaluation tasks per split; null or 'all' = the whole split (finite task sets only:
+    ALFWorld game files, WebShop goals; generated households have no end)."""
     k: int = 4
     """Samples per task: Avg@k (mean success) and Pass@k are reported."""
     temperature: float = 0.4
@@ -78,6 +95,37 @@ class EvalConfig(Section):
     """Evaluate the initial policy before training."""
     at_end: bool = True
     """Evaluate the final policy after training."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _splits_and_all(cls, data: Any) -> Any:
+        """'all' tasks means the whole split; `split` follows `splits` unless set to one of them."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("num_tasks"), str) and data["num_tasks"].strip().lower() == "all":
+            data["num_tasks"] = None
+        splits = data.get("splits")
+        if isinstance(splits, str):
+            # pydantic reports ValueError with the key; a TypeError would escape validation
+            raise ValueError(f"eval.splits={splits!r} must be a list, e.g. [valid_seen, valid_unseen]")  # noqa: TRY004
+        if isinstance(splits, (list, tuple)) and splits:
+            if "split" in data and data["split"] not in splits:
+                raise ValueError(f"eval.split={data['split']!r} is not among eval.splits={list(splits)}: "
+                                 "remove eval.split (eval.splits alone decides) or list it there")
+            data.setdefault("split", splits[0])
+        return data
+
+    @model_validator(mode="after")
+    def _distinct(self) -> EvalConfig:
+        if self.splits is not None and (not self.splits or len(set(self.splits)) != len(self.splits)):
+            raise ValueError(f"eval.splits={list(self.splits)} must name at least one split, each once")
+        return self
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """The splits every evaluation covers, in order."""
+        return self.splits or (self.split,)
 
 
 class RayConfig(Section):
@@ -111,16 +159,30 @@ class RayConfig(Section):
     whose peer is gone errors out after this."""
 
 
+SKILL_METHOD_SD_FORM: dict[str, Literal["rkl", "sdar"]] = {"skill_sd": "rkl", "sdar": "sdar"}
+"""The skill-teacher baselines and the per-token loss each uses (learner.sd.form, derived from the method)."""
+
+
 class MethodConfig(Section):
-    name: Literal["grpo", "fullpath_sd", "smrc_sd", "routing_only", "context_only", "random_turn"] = "grpo"
+    name: Literal["grpo", "fullpath_sd", "smrc_sd", "routing_only", "context_only", "random_turn",
+                  "skill_sd", "sdar"] = "grpo"
     """Which turns get a teacher and what it sees (table in deploy/stages/smrc_sd.py); any method other
-    than grpo needs learner.sd.coef > 0."""
+    than grpo needs learner.sd.coef > 0. skill_sd and sdar: every turn, the teacher sees a skill
+    condensed from earlier experience of the task (routing/skills.py); they set learner.sd.form."""
     matcher: Literal["structured", "history", "observation"] = "structured"
     """Routing matcher (SMRC-SD default: structured state signatures)."""
     audit_matchers: tuple[Literal["structured", "history", "observation"], ...] = ("structured", "history")
     """Matchers whose coverage is logged every step (route/coverage_<name>)."""
     context_parts: tuple[Literal["full_reference", "state_summary", "candidate_action"], ...] | None = None
-    """Teacher context parts; None = the method's default (ablations: candidate only, summary only)."""
+    """Teacher context parts; None = the method's default (ablations: candidate only, summary only).
+    Reference methods only: skill_sd and sdar show a skill instead."""
+
+    @model_validator(mode="after")
+    def _parts_need_a_reference_method(self) -> MethodConfig:
+        if self.context_parts is not None and self.name in SKILL_METHOD_SD_FORM:
+            raise ValueError(f"method.context_parts selects parts of a reference block, but method.name="
+                             f"{self.name!r} shows the teacher a skill; remove method.context_parts")
+        return self
     teacher_max_chars: int = 6000
     """Budget for the reference block in the teacher prompt (oldest steps dropped first)."""
 
@@ -140,3 +202,27 @@ class SFTConfig(Section):
     """Turns per optimiser step."""
     seed: int = 0
     """Seed for demo task sampling and batching."""
+
+
+class SyncConfig(Section):
+    """How new weights reach the rollout engines after each update (docs/architecture.md
+    "Weight sync")."""
+
+    method: Literal["broadcast", "object_store"] = "broadcast"
+    """broadcast: learner rank 0 streams the tensors in buckets over one extra process group
+    (NCCL on GPU, gloo on CPU) straight into each engine, no files, no object store; object_store:
+    rank 0 exports safetensors bytes through the Ray object store and each worker reloads them
+    from a temporary directory (the fallback, and how a restarted worker always catches up)."""
+    bucket_mb: float = Field(256.0, gt=0)
+    """Size of one broadcast bucket in MiB (a larger tensor travels alone); bounds the transient
+    memory on each side."""
+    verify: bool = False
+    """After every sync, each engine samples a fixed probe and the learner re-scores it; a
+    log-prob difference above `verify_tol` stops the run (costs one short generate + score)."""
+    verify_tol: float | None = Field(None, gt=0)
+    """Largest |engine - learner| log-prob the probe allows (`verify`, and a restarted worker's
+    check under broadcast); None: 1e-4 when engine.dtype and learner.dtype are both float32,
+    else 0.1 (bf16 kernels of the engine and the learner differ by more than fp32 rounding)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Bound on the group's rendezvous and on every broadcast: a member that died or stopped
+    answering turns into an error naming it after at most this long, never a hang."""

@@ -29,12 +29,16 @@ class VariantSwitches:
     because the bank's acceptance rule needs it)."""
     support_regularizer: bool
     """The proposer's op-support regulariser (c_sup > 0)."""
+    train_actor: bool = True
+    """The actor's GRPO loss moves the weights; false (proposer_only): the actor's rows are still
+    collected, scored and logged, but their loss (policy, KL, entropy) is multiplied by 0, so only
+    the proposer's gradient reaches the shared weights."""
 
 
 VARIANT_SWITCHES: dict[UniSkillVariant, VariantSwitches] = {
     "uniskill": VariantSwitches(True, True, True, True, True),
     "actor_only": VariantSwitches(True, True, False, True, True),
-    "proposer_only": VariantSwitches(False, True, True, True, True),
+    "proposer_only": VariantSwitches(True, True, True, True, True, train_actor=False),
     "no_r_align": VariantSwitches(True, True, True, False, True),
     "no_support_reg": VariantSwitches(True, True, True, True, False),
 }
@@ -43,9 +47,11 @@ UNISKILL_OFF = VariantSwitches(False, False, False, False, False)
 
 def proposer_loss_settings(enabled: bool, variant: UniSkillVariant) -> dict[str, object]:
     """The `learner.proposer` fields that follow from the `uniskill` section (derived at load time;
-    setting them by hand to something else is an error)."""
-    sw = VARIANT_SWITCHES[variant]
-    return {"enabled": enabled and sw.proposer, "lambda_prop": 0.5 if sw.train_proposer else 0.0,
+    setting them by hand to something else is an error). `lambda_prop` is not among them: it is the
+    proposer loss weight whenever the variant trains the proposer (0.5 in the paper), so every
+    variant validates from a config that sets it."""
+    sw = VARIANT_SWITCHES[variant]  # "uniskill" whenever UniSkill is off (UniSkillConfig refuses others)
+    return {"enabled": enabled and sw.proposer, "train_proposer": sw.train_proposer, "train_actor": sw.train_actor,
             "use_r_align": sw.use_r_align, "support_regularizer": sw.support_regularizer}
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from learner.metrics import repeated_ngram_ratio
 from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.types import Trajectory
 
@@ -59,6 +60,11 @@ class EvalResult(BaseModel):
     """Standard error of `score`, clustered by task like `avg_at_k_se`."""
     per_task_score: dict[str, float] = {}
     """WebShop: task_id -> 100 x mean raw task score over its k samples ({} without a raw score)."""
+    response_len_mean: float | None = None
+    """Mean response tokens per turn over all episodes (SMRC-SD's length column; None in older files)."""
+    rep4gram_ratio: float | None = None
+    """Mean over turns of the response's repeated 4-gram ratio (`learner.metrics.repeated_ngram_ratio`;
+    docs/algorithms.md S8; None in older files)."""
 
 
 class PairedDifference(BaseModel):
@@ -167,4 +173,14 @@ def summarize_eval(
         score=None if score is None else 100.0 * score,
         score_se=None if score_se is None else 100.0 * score_se,
         per_task_score={tid: 100.0 * sum(s) / len(s) for tid, s in sorted((scores or {}).items())},
+        **response_health(trajectories),
     )
+
+
+def response_health(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Mean response length (tokens per turn) and mean repeated-4-gram ratio per turn, from the
+    exact response token ids the engine sampled; both 0 without turns."""
+    turns = [turn for t in trajectories for turn in t.turns]
+    n = max(len(turns), 1)
+    return {"response_len_mean": sum(len(x.response_ids) for x in turns) / n,
+            "rep4gram_ratio": sum(repeated_ngram_ratio(x.response_ids) for x in turns) / n}

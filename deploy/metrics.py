@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from deploy.evaluation import EvalResult
+from deploy.trackers import Tracker, make_trackers
 from learner.metrics import repeated_ngram_ratio
 from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.types import Trajectory
@@ -54,39 +55,44 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 
 class MetricsSink:
-    """Appends step records to metrics.jsonl and TensorBoard; writes eval JSON; draws plots."""
+    """Appends step records to metrics.jsonl, writes eval JSON, feeds the trackers `run.loggers`
+    names (deploy/trackers.py: TensorBoard, W&B) and draws plots.
 
-    def __init__(self, run_dir: str | Path):
+    `loggers` None = `run.loggers` of RUN/config.resolved.json (written before the sink opens; the
+    resolved config is W&B's run config), or TensorBoard alone when the run has no saved config."""
+
+    def __init__(self, run_dir: str | Path, *, loggers: Sequence[str] | None = None):
         self.run_dir = Path(run_dir)
-        for sub in ("eval", "plots", "tb"):
+        for sub in ("eval", "plots"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self._tb = None
+        cfg_path = self.run_dir / "config.resolved.json"
+        self._config = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
+        if loggers is None:
+            run = (self._config or {}).get("run", {})
+            loggers = run.get("loggers", ("tensorboard",)) if isinstance(run, dict) else ("tensorboard",)
+        self.loggers = tuple(loggers)
+        self._trackers: list[Tracker] | None = None
 
-    def _writer(self):
-        if self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
-        return self._tb
+    def _active(self) -> list[Tracker]:
+        if self._trackers is None:
+            self._trackers = make_trackers(self.run_dir, self.loggers, config=self._config)
+        return self._trackers
 
     def log_step(self, record: dict[str, float | int]) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         step = int(record["step"])
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)):
-                self._writer().add_scalar(key, value, step)
-        self._writer().flush()
+        scalars = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+        for tracker in self._active():
+            tracker.log_scalars(scalars, step)
 
     def log_eval(self, result: EvalResult, *, step: int) -> Path:
+        """eval/<label>.json, and eval/<split>/* in every tracker (W&B: also the per-type table)."""
         path = self.run_dir / "eval" / f"{result.label}.json"
         path.write_text(result.model_dump_json(indent=2))
-        self._writer().add_scalar("eval/avg_at_k", result.avg_at_k, step)
-        self._writer().add_scalar("eval/pass_at_k", result.pass_at_k, step)
-        if result.score is not None:
-            self._writer().add_scalar("eval/score", result.score, step)
-        self._writer().flush()
+        for tracker in self._active():
+            tracker.log_eval(result, step)
         return path
 
     def save_trajectories(self, step: int, trajectories: Sequence[Trajectory]) -> Path:
@@ -126,6 +132,6 @@ class MetricsSink:
                 *plot_skills(steps, self.run_dir / "plots")]
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        for tracker in self._trackers or []:
+            tracker.close()
+        self._trackers = None

@@ -38,11 +38,10 @@ def plot_success(steps: Sequence[dict], evals: Sequence[EvalResult], out: Path) 
         window = min(5, len(ys))
         smooth = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
         ax.plot(xs, smooth, label=f"on-policy, mean of last {window}", color="C0")
-    pts = [(e.policy_version, e.avg_at_k, e.avg_at_k_se, e.label) for e in evals]
-    if pts:
-        pts.sort()
+    for i, split in enumerate(dict.fromkeys(e.split for e in evals)):  # one line per split
+        pts = sorted((e.policy_version, e.avg_at_k, e.avg_at_k_se, e.label) for e in evals if e.split == split)
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
-                    fmt="o-", capsize=3, label=f"eval Avg@k ({evals[0].split})")
+                    fmt="o-", capsize=3, color=f"C{i + 1}", label=f"eval Avg@k ({split})")
         for x, y, _, label in pts:
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("step (policy version)")

@@ -64,17 +64,31 @@ class SkillBankActor(SkillBankService):
         super().__init__(cfg, expect_existing=restarted, temporary_data=temporary)
 
 
+def skillbank_gpus(cfg: SkillBankConfig) -> float:
+    """The GPU share the actor requests: its embedder's device decides (CPU needs none)."""
+    return cfg.embedding_gpus if cfg.embedding_device == "cuda" else 0.0
+
+
 def get_or_create_skillbank(cfg: SkillBankConfig, namespace: str, detached: bool = False, *,
                             num_cpus: float = 0.0):
     """The "skillbank" actor of `namespace`, created from `cfg` if it does not exist yet. The bank's
     Redis keys live under cfg.key_prefix; left at its default it becomes `namespace` (the run name),
-    so runs sharing one Redis server never mix."""
+    so runs sharing one Redis server never mix. With embedding_device="cuda" the actor holds a GPU
+    share (`skillbank_gpus`); a new actor that could not get one fails here, naming the setting."""
     import ray
 
     if cfg.key_prefix == SkillBankConfig.model_fields["key_prefix"].default:
         cfg = SkillBankConfig.model_validate({**cfg.model_dump(), "key_prefix": namespace})
+    gpus = skillbank_gpus(cfg)
+    if gpus and not _exists(namespace):
+        free = ray.available_resources().get("GPU", 0.0)
+        if free + 1e-9 < gpus:
+            raise RuntimeError(f"uniskill.bank.embedding_device='cuda' asks for {gpus:g} GPU for the skill-bank "
+                               f"actor but the Ray cluster has {free:g} GPU free (after the rollout workers and "
+                               "learners); set uniskill.bank.embedding_device=cpu, lower uniskill.bank.embedding_gpus, "
+                               "or free a GPU")
     options: dict = {"name": ACTOR_NAME, "namespace": namespace, "get_if_exists": True,
-                     "num_cpus": num_cpus, "max_concurrency": MAX_CONCURRENCY,
+                     "num_cpus": num_cpus, "num_gpus": gpus, "max_concurrency": MAX_CONCURRENCY,
                      "max_restarts": MAX_RESTARTS, "max_task_retries": -1}
     if detached:
         options["lifetime"] = "detached"
@@ -83,6 +97,16 @@ def get_or_create_skillbank(cfg: SkillBankConfig, namespace: str, detached: bool
     handle = ray.remote(SkillBankActor).options(**options).remote(cfg)
     ray.get(handle.ping.remote())  # surfaces a failed start (no server binary, bad URL) here
     return handle
+
+
+def _exists(namespace: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(ACTOR_NAME, namespace=namespace)
+    except ValueError:
+        return False
+    return True
 
 
 def get_skillbank(namespace: str):

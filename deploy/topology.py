@@ -69,11 +69,15 @@ def check_resources(cfg: TrainConfig, *, with_learner: bool) -> None:
     import ray
 
     r = cfg.ray
+    bank = cfg.uniskill.bank
+    bank_gpus = bank.embedding_gpus if cfg.uniskill.enabled and bank.embedding_device == "cuda" else 0.0
     wants = {"CPU": _required_cpus(cfg, with_learner),
-             "GPU": cfg.rollout.num_workers * r.rollout_gpus + (r.num_learners * r.learner_gpus if with_learner else 0)}
+             "GPU": cfg.rollout.num_workers * r.rollout_gpus + (r.num_learners * r.learner_gpus if with_learner else 0)
+             + bank_gpus}
     have = ray.cluster_resources()
     knobs = {"CPU": "ray.env_pools x ray.env_pool_cpus + rollout.num_workers x ray.rollout_cpus",
-             "GPU": "rollout.num_workers x ray.rollout_gpus"}
+             "GPU": "rollout.num_workers x ray.rollout_gpus"
+             + (" + uniskill.bank.embedding_gpus (embedding_device=cuda)" if bank_gpus else "")}
     for kind, need in wants.items():
         if need > have.get(kind, 0.0) + 1e-9:
             learners = f" + ray.num_learners x ray.learner_{kind.lower()}s" if with_learner else ""
@@ -111,10 +115,46 @@ def start_env_pools(cfg: TrainConfig) -> list:
     return pools
 
 
+def rollout_bundles(cfg: TrainConfig) -> list[dict[str, float]] | None:
+    """The placement of one RolloutWorker whose vLLM engine is tensor-parallel (None when it is
+    not: the actor then simply holds `ray.rollout_gpus`). One bundle per tensor-parallel rank, each
+    with one whole GPU; the worker itself (the vLLM driver, no GPU of its own) runs in bundle 0 with
+    its CPUs. Inside a placement group vLLM picks its Ray executor and starts one GPU worker per
+    bundle (vllm/config/parallel.py, vllm/v1/executor/ray_utils.py); STRICT_PACK keeps the ranks on
+    one node (tensor parallelism needs NVLink). `TrainConfig` has checked ray.rollout_gpus == tp."""
+    tp = cfg.engine.tensor_parallel_size
+    if tp == 1:
+        return None
+    return [{"CPU": cfg.ray.rollout_cpus, "GPU": 1.0}] + [{"GPU": 1.0} for _ in range(tp - 1)]
+
+
+def rollout_worker_options(cfg: TrainConfig, w: int) -> dict:
+    """Ray options of RolloutWorker `w`; for a tensor-parallel engine this reserves its placement
+    group first (named `rollout_worker_{w}`, released with the job), failing with the knobs to
+    change when it cannot be placed."""
+    r = cfg.ray
+    options = {"name": f"rollout_worker_{w}", "num_cpus": r.rollout_cpus, "num_gpus": r.rollout_gpus,
+               "runtime_env": _actor_env(r.rollout_cpus, gpu=r.rollout_gpus > 0, log_name=f"rollout_worker_{w}")}
+    bundles = rollout_bundles(cfg)
+    if bundles is None:
+        return options
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group(bundles, strategy="STRICT_PACK", name=f"rollout_worker_{w}")
+    if not group.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
+        raise RuntimeError(f"rollout worker {w}: engine.tensor_parallel_size={len(bundles)} GPUs (+ ray.rollout_cpus="
+                           f"{r.rollout_cpus:g} CPUs) do not fit on one node; lower engine.tensor_parallel_size "
+                           "or rollout.num_workers, or add nodes")
+    return {**options, "num_gpus": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)}
+
+
 def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) -> list:
     """RolloutWorker actors; pool i serves worker i % num_workers. Ray restarts a dead worker up
     to run.max_restarts times (from `model_path`: `deploy.cluster.Cluster` then reloads the
-    current weights and re-runs the calls it lost)."""
+    current weights and re-runs the calls it lost). A tensor-parallel engine gets a placement
+    group of its own (`rollout_bundles`)."""
     import ray
 
     from rollout_workers.worker import RolloutWorker
@@ -127,17 +167,17 @@ def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) ->
     for w in range(n):
         mine = [p for i, p in enumerate(pools) if i % n == w]
         workers.append(actor_cls.options(
-            name=f"rollout_worker_{w}", num_cpus=cfg.ray.rollout_cpus, num_gpus=cfg.ray.rollout_gpus,
-            max_restarts=cfg.run.max_restarts, max_task_retries=0,
-            runtime_env=_actor_env(cfg.ray.rollout_cpus, gpu=cfg.ray.rollout_gpus > 0, log_name=f"rollout_worker_{w}"),
+            max_restarts=cfg.run.max_restarts, max_task_retries=0, **rollout_worker_options(cfg, w),
         ).remote(cfg.engine, cfg.rollout, model_path, mine))
     return workers
 
 
-def _rendezvous() -> tuple[str, int, str, str]:
-    """Runs inside the learners' placement group, on the node every rank shares (STRICT_PACK):
-    loopback, a free port for the variables DeepSpeed reads, a fresh file for the process
-    group's FileStore (so no rendezvous socket listens beyond loopback), and the node's id."""
+def _rendezvous(multi_node: bool) -> tuple[str, int, str, str]:
+    """Runs inside the learners' placement group, in rank 0's bundle: (address, free port, store,
+    node id). All ranks on one node: loopback, and a fresh file for the process group's FileStore
+    (so no rendezvous socket listens beyond loopback). Ranks on several nodes: this node's address
+    and "tcp://ADDRESS:PORT", the TCPStore rank 0 serves (`learner.backends`). The port is free now;
+    the ranks bind it moments later."""
     import socket
     import tempfile
     import uuid
@@ -145,15 +185,19 @@ def _rendezvous() -> tuple[str, int, str, str]:
 
     import ray
 
+    addr = ray.util.get_node_ip_address() if multi_node else "127.0.0.1"
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((addr, 0))
         port = sock.getsockname()[1]
+    node_id = ray.get_runtime_context().get_node_id()
+    if multi_node:
+        return addr, port, f"tcp://{addr}:{port}", node_id
     from deploy.reaper import RENDEZVOUS_PREFIX, TOKEN_VAR
 
     # Named after the driver's token where it has one, so its reaper finds the file (`deploy.reaper`).
     owner = f"{os.environ[TOKEN_VAR]}-" if TOKEN_VAR in os.environ else ""
     path = str(Path(tempfile.gettempdir()) / f"{RENDEZVOUS_PREFIX}{owner}{uuid.uuid4().hex}")
-    return "127.0.0.1", port, path, ray.get_runtime_context().get_node_id()
+    return addr, port, path, node_id
 
 
 def _remove_file(path: str) -> None:
@@ -166,53 +210,89 @@ def _remove_file(path: str) -> None:
 class LearnerGroup:
     """The learner ranks of one process group: a group that lost a rank cannot continue and is
     replaced as a whole (`stop_learners`, then `start_learners`: new placement group, new
-    rendezvous file)."""
+    rendezvous)."""
 
     actors: list
     placement_group: object
     rendezvous_file: str
+    """A FileStore path on `node_id` (one node) or "tcp://ADDRESS:PORT" (ranks on several nodes)."""
     node_id: str
+    """Rank 0's node."""
+
+
+@dataclass
+class LearnerPlacement:
+    """Where the learner ranks go: bundle i of `placement_group` holds rank i."""
+
+    placement_group: object
+    rank_nodes: list[str]
+    """The node id of each rank."""
+    master_addr: str
+    master_port: int
+    rendezvous: str
+    """What `learner.backends.init_process_group_on_node` takes: a file path or tcp://ADDRESS:PORT."""
+
+    def strategy(self, rank: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
+
+
+def place_learners(cfg: TrainConfig) -> LearnerPlacement:
+    """Reserve one bundle per learner rank with a PACK placement group: every rank on one node
+    when it fits (ZeRO over NVLink/loopback, FileStore rendezvous), spread over the fewest nodes
+    when it does not (a model that outgrows one node), then a TCP rendezvous at rank 0's node.
+    The rendezvous address is probed in rank 0's bundle, so it is right under `ray job submit` as
+    well as locally."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    r = cfg.ray
+    bundle = {"CPU": r.learner_cpus, **({"GPU": r.learner_gpus} if r.learner_gpus else {})}
+    group = placement_group([bundle] * r.num_learners, strategy="PACK", name="learners")
+    if not group.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
+        raise RuntimeError(f"{r.num_learners} learner ranks of {bundle} do not fit in the Ray cluster; "
+                           "lower ray.num_learners / ray.learner_cpus / ray.learner_gpus, or add nodes")
+    by_bundle = placement_group_table(group)["bundles_to_node_id"]
+    nodes = [by_bundle[i] for i in range(r.num_learners)]
+    where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+    addr, port, store, _ = ray.get(
+        ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=where).remote(len(set(nodes)) > 1),
+        timeout=PLACEMENT_TIMEOUT_S)
+    if len(set(nodes)) > 1:
+        log.info("learner ranks span %d nodes; rendezvous at %s", len(set(nodes)), store)
+    return LearnerPlacement(placement_group=group, rank_nodes=nodes, master_addr=addr, master_port=port,
+                            rendezvous=store)
 
 
 def start_learners(cfg: TrainConfig, model_path: str) -> LearnerGroup:
-    """DeepSpeed ranks as Ray actors, packed onto one node by a STRICT_PACK placement group
-    (ZeRO over NVLink/loopback); the rendezvous address is probed on that node, so it is right
-    under `ray job submit` as well as locally. Collectives give up after ray.collective_timeout_s."""
+    """DeepSpeed ranks as Ray actors, placed by `place_learners`. Collectives give up after
+    ray.collective_timeout_s."""
     import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from deploy.actors import LearnerActor
 
     r = cfg.ray
-    bundle = {"CPU": r.learner_cpus, **({"GPU": r.learner_gpus} if r.learner_gpus else {})}
-    group = placement_group([bundle] * r.num_learners, strategy="STRICT_PACK", name="learners")
-    if not group.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
-        raise RuntimeError(f"{r.num_learners} learner ranks of {bundle} do not fit on one node; "
-                           "lower ray.num_learners / ray.learner_cpus / ray.learner_gpus")
-
-    def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
-
-    addr, port, store_file, node_id = ray.get(
-        ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=in_bundle(0)).remote(),
-        timeout=PLACEMENT_TIMEOUT_S)
+    place = place_learners(cfg)
     actor_cls = ray.remote(LearnerActor)
     actors = [
         actor_cls.options(
             name=f"learner_{rank}", num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
-            scheduling_strategy=in_bundle(rank),
+            scheduling_strategy=place.strategy(rank),
             runtime_env=_actor_env(r.learner_cpus, gpu=r.learner_gpus > 0, log_name=f"learner_rank{rank}"),
-        ).remote(cfg.learner, model_path, rank=rank, world_size=r.num_learners, master_addr=addr, master_port=port,
-                  rendezvous_file=store_file, collective_timeout_s=r.collective_timeout_s)
+        ).remote(cfg.learner, model_path, rank=rank, world_size=r.num_learners, master_addr=place.master_addr,
+                  master_port=place.master_port, rendezvous_file=place.rendezvous,
+                  collective_timeout_s=r.collective_timeout_s)
         for rank in range(r.num_learners)
     ]
-    return LearnerGroup(actors=actors, placement_group=group, rendezvous_file=store_file, node_id=node_id)
+    return LearnerGroup(actors=actors, placement_group=place.placement_group, rendezvous_file=place.rendezvous,
+                        node_id=place.rank_nodes[0])
 
 
 def stop_learners(group: LearnerGroup) -> None:
     """Kill every rank (no restart), release the placement group's resources, and delete the
-    rendezvous file on its node (a killed rank never cleans up its FileStore)."""
+    rendezvous file on rank 0's node (a killed rank never cleans up its FileStore)."""
     import ray
     from ray.util.placement_group import remove_placement_group
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -220,6 +300,8 @@ def stop_learners(group: LearnerGroup) -> None:
     for actor in group.actors:
         ray.kill(actor, no_restart=True)
     remove_placement_group(group.placement_group)
+    if group.rendezvous_file.startswith("tcp://"):
+        return  # rank 0's TCPStore went with it
     where = NodeAffinitySchedulingStrategy(group.node_id, soft=True)
     try:
         ray.get(ray.remote(_remove_file).options(num_cpus=0, scheduling_strategy=where).remote(group.rendezvous_file),

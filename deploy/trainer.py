@@ -25,8 +25,9 @@ from deploy.metrics import MetricsSink, rollout_metrics
 from deploy.recovery import LearnerGroupFailed, Recovery
 from deploy.stages.smrc_sd import RoutingResult, TeacherRouter
 from deploy.stages.uniskill import ProposalBatch, UniSkillStage
-from envs.tasks import eval_tasks, sample_tasks
+from envs.tasks import eval_tasks, sample_tasks, task_list
 from learner.batch import rows_from_trajectories
+from learner.checkpoint import prune_checkpoints
 from learner.types import StepMetrics
 from rollout_workers.types import Trajectory, split_infrastructure_failures
 
@@ -111,18 +112,30 @@ def make_skill_stage(cfg: TrainConfig, cluster: Cluster) -> UniSkillStage | None
 
 
 def run_evaluation(cluster: Cluster, cfg: TrainConfig, *, label: str, policy_version: int,
-                   skills: UniSkillStage | None = None) -> EvalResult:
-    """Avg@k / Pass@k on the fixed evaluation set (same tasks every call); with UniSkill the
-    actor sees retrieved skills unless `uniskill.retrieval_at_eval` is off."""
+                   skills: UniSkillStage | None = None, split: str | None = None) -> EvalResult:
+    """Avg@k / Pass@k on the fixed evaluation set of one split (`split`, default `eval.split`; same
+    tasks every call); with UniSkill the actor sees retrieved skills unless
+    `uniskill.retrieval_at_eval` is off."""
     from rich.console import Console
 
-    tasks = eval_tasks(cfg.env, cfg.eval.split, cfg.eval.num_tasks)
+    split = split or cfg.eval.split
+    n = cfg.eval.num_tasks  # None = the whole split (a finite task set)
+    tasks = eval_tasks(cfg.env, split, n) if n is not None else task_list(cfg.env, split)
     shown = skills.retrieve(tasks, evaluation=True) if skills is not None else None
-    with Console(stderr=True).status(f"evaluating {label}: {len(tasks)} {cfg.eval.split} tasks x {cfg.eval.k} samples"):
+    with Console(stderr=True).status(f"evaluating {label}: {len(tasks)} {split} tasks x {cfg.eval.k} samples"):
         trajs, _ = cluster.collect(tasks, group_size=cfg.eval.k, policy_version=policy_version,
                                    temperature=cfg.eval.temperature, skill_texts=shown)
-    return summarize_eval(trajs, label=label, split=cfg.eval.split, k=cfg.eval.k,
+    return summarize_eval(trajs, label=label, split=split, k=cfg.eval.k,
                           temperature=cfg.eval.temperature)
+
+
+def run_evaluations(cluster: Cluster, cfg: TrainConfig, *, label: str, policy_version: int,
+                    skills: UniSkillStage | None = None) -> list[EvalResult]:
+    """One evaluation per split of `eval.eval_splits`. With several splits each result's label
+    carries its split (`step_0010-valid_seen`), so each gets its own eval/<label>.json."""
+    splits = cfg.eval.eval_splits
+    return [run_evaluation(cluster, cfg, label=label if len(splits) == 1 else f"{label}-{split}",
+                           policy_version=policy_version, skills=skills, split=split) for split in splits]
 
 
 class Trainer:
@@ -155,7 +168,7 @@ class Trainer:
             proposals = self.propose_skills(played, step)
         if self.cfg.run.save_trajectories:
             self.sink.save_trajectories(step, trajs)
-        rows = rows_from_trajectories(played, routed.teacher_prompts or None)
+        rows = rows_from_trajectories(played, routed.teacher_prompts or None, gamma=self.cfg.learner.gigpo_gamma)
         learn: dict[str, float] = {}
         scores: list = []
         if rows:  # every episode can end before its first turn (env errors): then no update
@@ -290,11 +303,13 @@ class Trainer:
         if self.skills is not None:
             self.skills.close()
 
-    def evaluate(self, label: str) -> EvalResult:
-        result = run_evaluation(self.cluster, self.cfg, label=label, policy_version=self.state.policy_version,
-                                skills=self.skills)
-        self.sink.log_eval(result, step=self.state.step)
-        return result
+    def evaluate(self, label: str) -> list[EvalResult]:
+        """Evaluate on every split of `eval.eval_splits` and log each result."""
+        results = run_evaluations(self.cluster, self.cfg, label=label, policy_version=self.state.policy_version,
+                                  skills=self.skills)
+        for result in results:
+            self.sink.log_eval(result, step=self.state.step)
+        return results
 
     def _checkpoint_dir(self, step: int) -> Path:
         return Path(self.cfg.run.output_dir) / "checkpoints" / f"step_{step:06d}"
@@ -309,6 +324,8 @@ class Trainer:
         if self.router is not None:
             self.router.save(ckpt / "router_buffer.jsonl")
         self.state.save(ckpt / "trainer_state.json")
+        if self.cfg.run.keep_checkpoints is not None:
+            prune_checkpoints(ckpt.parent, self.cfg.run.keep_checkpoints)
         return ckpt
 
     def resume(self, ckpt: Path) -> None:

@@ -41,6 +41,14 @@ class EnvConfig(BaseModel):
     """Seed of the synthetic catalogue and of goal price limits (runs are reproducible)."""
     webshop_success_score: float = Field(default=1.0, gt=0.0, le=1.0)
     """WebShop reward = reward_scale if the purchase score >= this (upstream success: exactly 1.0)."""
+    webshop_show_attrs: bool = False
+    """Upstream WebAgentTextEnv's `show_attrs`: item pages get an Attributes button and sub-page (the
+    product's attributes, category, query and product category). Upstream's default is off."""
+    webshop_num_prev_obs: int = Field(default=0, ge=0)
+    """Upstream's `num_prev_obs`: each step's observation is prefixed with up to this many earlier
+    observations, ' [SEP] '-joined (upstream's state string). 0 = the current page only."""
+    webshop_num_prev_actions: int = Field(default=0, ge=0)
+    """Upstream's `num_prev_actions`: likewise with up to this many actions, the current one included."""
     preset: PresetName = "easy"
     """Difficulty preset the knobs below override: easy | standard | hard."""
     task_types: tuple[TaskType, ...] | None = None
@@ -76,6 +84,25 @@ class EnvConfig(BaseModel):
         self.difficulty()  # raises ValueError with the offending knob values
         return self
 
+    def webshop_env_kwargs(self) -> dict[str, Any]:
+        """The upstream WebAgentTextEnv options this config sets, by upstream name (all of
+        WEBSHOP_ENV_KWARGS, defaults included)."""
+        return {name: getattr(self, field) for name, field in WEBSHOP_ENV_KWARGS.items()}
+
+    def with_webshop_env_kwargs(self, env_kwargs: dict[str, Any], *, where: str = "env_kwargs") -> EnvConfig:
+        """This config with upstream options (by upstream name) applied; an unknown or ill-typed option
+        is a ValueError naming it, `where` and the known ones (a non-object: TypeError)."""
+        if not isinstance(env_kwargs, dict):
+            raise TypeError(f"{where}: expected an object of WebShop options, got {type(env_kwargs).__name__}")
+        unknown = sorted(set(env_kwargs) - set(WEBSHOP_ENV_KWARGS))
+        if unknown:
+            raise ValueError(f"{where}: unknown WebShop option(s) {unknown}; known: {', '.join(WEBSHOP_ENV_KWARGS)}")
+        update = {WEBSHOP_ENV_KWARGS[k]: v for k, v in env_kwargs.items()}
+        try:
+            return EnvConfig.model_validate({**self.model_dump(exclude_unset=True), **update})
+        except ValueError as err:
+            raise ValueError(f"{where}: invalid WebShop option(s) {env_kwargs}: {err}") from err
+
     def difficulty(self) -> Difficulty:
         """The preset with every explicitly set knob applied; validates the combination."""
         overrides = {
@@ -91,3 +118,14 @@ class EnvConfig(BaseModel):
             if getattr(self, knob) is not None
         }
         return replace(PRESETS[self.preset], **overrides)
+
+
+WEBSHOP_ENV_KWARGS: dict[str, str] = {
+    "show_attrs": "webshop_show_attrs",
+    "num_prev_obs": "webshop_num_prev_obs",
+    "num_prev_actions": "webshop_num_prev_actions",
+}
+"""Upstream WebAgentTextEnv keyword -> EnvConfig field, for the options that change what the agent
+sees. Not exposed: observation_mode (always 'text'), get_image (image features), filter_goals and
+limit_goals (they reorder/subset goals, so a task id would name another goal), num_products (set by
+the catalogue files), session / session_prefix (bookkeeping)."""

@@ -27,6 +27,7 @@ from learner.algos import (
 from learner.batch import select_rows
 from learner.config import LearnerConfig
 from learner.distill import sd_denominator
+from learner.gigpo import gigpo_advantages
 from learner.logprobs import ResponseScores
 from learner.metrics import OldPass, Tally
 from learner.types import Chunk, ExtraLoss, MicroBatchView, TokenBatch
@@ -66,7 +67,17 @@ def row_scores(cfg: LearnerConfig, batch: TokenBatch) -> torch.Tensor:
 
 
 def row_advantages(cfg: LearnerConfig, batch: TokenBatch) -> torch.Tensor:
-    """(N,) GRPO advantage per row over ALL rows (S1), so group statistics never depend on sharding."""
+    """(N,) GRPO (or GiGPO, `cfg.adv_estimator`) advantage per row over ALL rows (S1), so group
+    statistics never depend on sharding."""
+    if cfg.adv_estimator == "gigpo":
+        if batch.anchor_index is None or batch.step_returns is None:
+            raise ValueError("adv_estimator=gigpo needs anchor keys and step returns (learner.batch.collate_rows)")
+        adv = gigpo_advantages(
+            row_scores(cfg, batch), batch.group_index, batch.traj_index, batch.step_returns, batch.anchor_index,
+            omega=cfg.gigpo_omega, mode=cfg.gigpo_mode, cross_step=cfg.adv_cross_step,
+            singleton_zero=cfg.singleton_group_zero,
+        )
+        return cap_invalid_advantages(adv, batch.action_valid) if cfg.cap_invalid_advantage else adv
     adv = grpo_advantages(
         row_scores(cfg, batch),
         batch.group_index,
@@ -114,14 +125,14 @@ def old_and_ref_logprobs(
                 owned[idx] = owned[idx] | real
         return OldPass(old_logp=batch.sampler_logp.clone(), ref_logp=None, entropy=None, owned=owned)
     shape = (batch.num_rows, batch.response_length)
-    old, entropy = torch.zeros(shape), torch.zeros(shape)
+    old, entropy = torch.zeros(shape), (torch.zeros(shape) if cfg.log_entropy else None)
     ref = torch.zeros(shape) if actor_ref else None
     owned = torch.zeros(batch.num_rows, dtype=torch.bool)
     for chunks in shards:
         for idx, real in chunks:
             micro = select_rows(batch, idx)
             cols = slice(0, micro.response_length)
-            scores = policy(micro, with_entropy=True)
+            scores = policy(micro, with_entropy=entropy is not None)
             if ref is not None and reference is not None:
                 ref_logp = reference(micro)
                 if real:
@@ -132,10 +143,10 @@ def old_and_ref_logprobs(
                     if cfg.old_logprobs == "sampler"
                     else scores.logp.float().cpu()
                 )
-                assert scores.entropy is not None
-                entropy[idx, cols] = scores.entropy.float().cpu()
+                if entropy is not None and scores.entropy is not None:
+                    entropy[idx, cols] = scores.entropy.float().cpu()
                 owned[idx] = True
-    return OldPass(old_logp=old, ref_logp=ref, entropy=entropy, owned=owned)
+    return OldPass(old_logp=old, ref_logp=ref, entropy=entropy, owned=owned, recomputed=True)
 
 
 def actor_micro_loss(
@@ -159,10 +170,11 @@ def actor_micro_loss(
     w = data.weights[idx].to(device)
     old_logp = data.old.old_logp[idx, cols].to(device)
     adv = broadcast_advantages(data.advantages[idx].to(device), mask)
-    tally_old = first_pass and data.old.entropy is None  # "sampler" mode: measure here
-    scores = policy(micro, with_entropy=cfg.entropy_coeff > 0 or tally_old)
+    tally_old = first_pass and not data.old.recomputed  # "sampler" mode: measure here
+    scores = policy(micro, with_entropy=cfg.entropy_coeff > 0 or (tally_old and cfg.log_entropy))
     if tally_old:
-        tally.add("entropy_sum", (scores.entropy.detach() * mask).sum())
+        if cfg.log_entropy and scores.entropy is not None:
+            tally.add("entropy_sum", (scores.entropy.detach() * mask).sum())
         tally.add("sampler_diff_sum", ((scores.logp.detach() - old_logp).abs() * mask).sum())
     pl = ppo_policy_loss(
         scores.logp, old_logp, adv, mask,
@@ -187,7 +199,8 @@ def actor_micro_loss(
         terms["pg_loss"] + cfg.kl_coef * terms["kl_loss"] - cfg.entropy_coeff * terms["entropy_loss"]
     ) + sum(extras.values(), zero)
     _record(tally, {"loss": total, **terms, **{f"extra/{k}": v for k, v in extras.items()}}, pl, mask)
-    return total
+    # UniSkill proposer_only: logged as usual, no gradient (x 0 keeps the graph, as padding micro-batches do)
+    return total if cfg.proposer.train_actor else total * 0.0
 
 
 def _record(tally: Tally, losses: dict[str, torch.Tensor], pl: PolicyLoss, mask: torch.Tensor) -> None:

@@ -12,7 +12,9 @@ data-parallel ranks is undone by multiplying by world_size (as verl does with dp
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,8 +34,87 @@ class TrainBackend(Protocol):
     def step(self) -> float: ...
     def lr(self) -> float: ...
     def export_state_dict(self) -> dict[str, torch.Tensor] | None: ...
+    def gathered(self, params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[Any]:
+        """Inside: `params` hold their full values on every rank (a collective under ZeRO-3)."""
+        ...
     def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None: ...
     def load_checkpoint(self, path: Path) -> dict[str, Any]: ...
+
+
+ModelLoader = Callable[[torch.device, "dict[str, Any] | None"], torch.nn.Module]
+"""loader(device, zero3_config) -> the HF model on `device`; with a ZeRO-3 DeepSpeed config it must
+build the model partitioned (`load_causal_lm`)."""
+
+
+def weight_dtype(cfg: LearnerConfig) -> torch.dtype:
+    """The dtype the weights are loaded in: bf16 for DeepSpeed bf16 (its optimiser keeps the fp32
+    master copy), fp32 otherwise (torch bf16 runs under autocast with fp32 weights)."""
+    return torch.bfloat16 if cfg.use_deepspeed and cfg.dtype == "bfloat16" else torch.float32
+
+
+def load_causal_lm(
+    model_path: str, *, dtype: torch.dtype, device: torch.device, zero3_config: dict[str, Any] | None = None
+) -> torch.nn.Module:
+    """An HF causal LM in `dtype`, loaded straight onto `device` (through transformers' device_map
+    when accelerate is installed; otherwise loaded on the host in `dtype`, then moved). With a
+    ZeRO-3 config it is constructed under `deepspeed.zero.Init`, so every parameter is partitioned
+    over the ranks as it is created, and the checkpoint is copied in one parameter at a time
+    (`_load_partitioned`): no rank ever holds the full model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if zero3_config is None:
+        on_device = {"device_map": {"": str(device)}} if importlib.util.find_spec("accelerate") else {}
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **on_device)
+        return model.to(device)
+    import deepspeed
+    from transformers.initialization import no_init_weights
+
+    config = AutoConfig.from_pretrained(model_path)
+    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # every weight is loaded below
+        model.tie_weights()  # no_init_weights skipped the tying that post_init would do
+    _load_partitioned(model, Path(model_path))
+    return model
+
+
+def _load_partitioned(model: torch.nn.Module, model_dir: Path) -> None:
+    """Copy the safetensors checkpoint into a ZeRO-3-partitioned model: each parameter is gathered,
+    filled from the (memory-mapped) file on rank 0 and re-partitioned. Every rank runs the same
+    sequence of collectives."""
+    import deepspeed
+    import torch.distributed as dist
+    from safetensors import safe_open
+
+    params = dict(model.named_parameters())  # tied weights appear once
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors under {model_dir}: ZeRO-3 loading reads safetensors only")
+    loaded: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                param = params.get(key)
+                if param is None:
+                    continue  # a tied duplicate (lm_head.weight) or a buffer
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if dist.get_rank() == 0:
+                        param.data.copy_(f.get_tensor(key).to(param.dtype))
+                loaded.add(key)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"{model_dir}: the checkpoint has no weights for {missing[:5]} ({len(missing)} missing)")
+
+
+def _materialise(
+    cfg: LearnerConfig, model: torch.nn.Module | ModelLoader, device: torch.device, zero3: dict[str, Any] | None
+) -> torch.nn.Module:
+    """The model on `device` (calling the loader when given one), with gradient checkpointing on
+    when configured (non-reentrant: works with ZeRO-3 and with frozen inputs)."""
+    if not isinstance(model, torch.nn.Module):
+        model = model(device, zero3)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 def _adamw(cfg: LearnerConfig, model: torch.nn.Module) -> torch.optim.AdamW:
@@ -49,11 +130,11 @@ def _grad_norm(params) -> float:
 class TorchBackend:
     """Single-process AdamW; bfloat16 runs the forward under autocast with fp32 weights."""
 
-    def __init__(self, cfg: LearnerConfig, model: torch.nn.Module, *, world_size: int = 1) -> None:
+    def __init__(self, cfg: LearnerConfig, model: torch.nn.Module | ModelLoader, *, world_size: int = 1) -> None:
         if world_size != 1:
             raise ValueError("use_deepspeed=False supports world_size=1 only")
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.module = model.to(self.device)
+        self.module = _materialise(cfg, model, self.device, None).to(self.device)
         self.module.train()
         self._cfg = cfg
         self._optimizer = _adamw(cfg, self.module)
@@ -84,6 +165,9 @@ class TorchBackend:
 
     def export_state_dict(self) -> dict[str, torch.Tensor] | None:
         return {k: v.detach() for k, v in self.module.state_dict().items()}
+
+    def gathered(self, params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
     def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -123,23 +207,51 @@ def set_distributed_env(
 
 def init_process_group_on_node(rendezvous_file: str, *, rank: int, world_size: int, backend: str,
                                timeout_s: float | None = None) -> None:
-    """The learner ranks' default process group when they share one node (the only layout the
-    system starts): rendezvous through a file (torch's FileStore) instead of a TCPStore, which would
-    listen on every interface, and collectives over loopback (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
-    = lo, unless the deployment sets them). DeepSpeed then finds the group initialised and keeps it.
-    `timeout_s` bounds the rendezvous and every collective: a rank whose peer is gone raises
-    instead of waiting forever (None: torch's default)."""
+    """The learner ranks' default process group. `rendezvous_file` is either
+    - a path, when every rank shares one node: rendezvous through that file (torch's FileStore)
+      instead of a TCPStore, which would listen on every interface, and collectives over loopback
+      (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo, unless the deployment sets them); or
+    - "tcp://HOST:PORT", when the ranks span nodes (`deploy.topology.start_learners`): a TCPStore
+      served by rank 0 at its node's address HOST, and collectives over the interface that reaches
+      HOST (`_interface_towards`), unless the deployment sets the variables.
+    DeepSpeed then finds the group initialised and keeps it. `timeout_s` bounds the rendezvous and
+    every collective: a rank whose peer is gone raises instead of waiting forever (None: torch's
+    default)."""
     import datetime
 
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        os.environ.setdefault(var, "lo")
-    store = dist.FileStore(rendezvous_file, world_size)
     timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    if rendezvous_file.startswith("tcp://"):
+        host, _, port = rendezvous_file.removeprefix("tcp://").rpartition(":")
+        ifname = _interface_towards(host, int(port))
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if ifname is not None:
+                os.environ.setdefault(var, ifname)
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, **timeout)
+    else:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, "lo")
+        store = dist.FileStore(rendezvous_file, world_size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **timeout)
+
+
+def _interface_towards(host: str, port: int) -> str | None:
+    """The name of this host's network interface whose address routes to `host` (no packet is
+    sent: a UDP socket's connect only picks the route), or None when no interface holds it."""
+    import socket
+
+    import psutil
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, port))
+        local = sock.getsockname()[0]
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+            return name
+    return None
 
 
 def deepspeed_config(cfg: LearnerConfig, *, world_size: int) -> dict[str, Any]:
@@ -165,7 +277,7 @@ class DeepSpeedBackend:
     def __init__(
         self,
         cfg: LearnerConfig,
-        model: torch.nn.Module,
+        model: torch.nn.Module | ModelLoader,
         *,
         rank: int,
         world_size: int,
@@ -194,11 +306,14 @@ class DeepSpeedBackend:
         self.device = torch.device(get_accelerator().device_name(local_rank))
         self._cfg = cfg
         self._world_size = world_size
-        model = model.to(self.device)
+        self.ds_config = deepspeed_config(cfg, world_size=world_size)
+        model = _materialise(cfg, model, self.device, self.ds_config if cfg.zero_stage == 3 else None)
+        if cfg.zero_stage != 3:
+            model = model.to(self.device)
         self._engine, self._optimizer, _, _ = deepspeed.initialize(
             model=model,
             optimizer=_adamw(cfg, model),
-            config=deepspeed_config(cfg, world_size=world_size),
+            config=self.ds_config,
         )
         self.module = self._engine.module
         self._engine.train()
@@ -232,6 +347,13 @@ class DeepSpeedBackend:
             return self._engine._zero3_consolidated_16bit_state_dict()
         return {k: v.detach() for k, v in self.module.state_dict().items()}
 
+    def gathered(self, params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[Any]:
+        if self._cfg.zero_stage != 3 or not params:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
     def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None:
         tag = f"version_{client_state.get('version', 0)}"
         self._engine.save_checkpoint(str(path), tag=tag, client_state={"client_state": client_state})
@@ -243,9 +365,28 @@ class DeepSpeedBackend:
         return state["client_state"]
 
 
+def build_reference(cfg: LearnerConfig, loader: ModelLoader, backend: TrainBackend) -> torch.nn.Module:
+    """The frozen reference model, placed by `cfg.ref_placement`: "device" = a full copy on the
+    backend's device; "cpu" = a full copy in host memory; "shard" = partitioned over the ranks
+    under ZeRO-3 (built under zero.Init, wrapped in a DeepSpeed engine without an optimiser, so
+    its parameters are gathered layer by layer in each forward). Every rank must call it."""
+    if cfg.ref_placement == "shard":
+        import deepspeed
+
+        ds_config = getattr(backend, "ds_config", None)
+        if ds_config is None:
+            raise ValueError("ref_placement=shard needs the DeepSpeed ZeRO-3 backend")
+        model = loader(backend.device, ds_config)
+        engine, *_ = deepspeed.initialize(model=model.requires_grad_(False), config=ds_config)
+        engine.eval()  # (DeepSpeedEngine.eval returns None)
+        return engine
+    device = torch.device("cpu") if cfg.ref_placement == "cpu" else backend.device
+    return loader(device, None).eval().requires_grad_(False)
+
+
 def build_backend(
     cfg: LearnerConfig,
-    model: torch.nn.Module,
+    model: torch.nn.Module | ModelLoader,
     *,
     rank: int = 0,
     world_size: int = 1,

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from learner.gigpo import anchor_key, discounted_returns
 from learner.types import TokenBatch, TrainRow
 
 
@@ -26,6 +27,7 @@ class TurnLike(Protocol):
     def allowed_token_ids(self) -> Sequence[Sequence[int]] | None: ...
     @property
     def action_valid(self) -> bool: ...
+    # optional (GiGPO; `rollout_workers.types.Turn` has them): observation: str, reward: float
 
 
 class TrajectoryLike(Protocol):
@@ -42,8 +44,12 @@ class TrajectoryLike(Protocol):
 def rows_from_trajectories(
     trajectories: Iterable[TrajectoryLike],
     teacher_prompts: Mapping[tuple[str, int], Sequence[int]] | None = None,
+    *,
+    gamma: float = 1.0,
 ) -> list[TrainRow]:
     """One row per turn (verl-agent): every row of a trajectory carries the episode score.
+    For GiGPO each row also carries its anchor key (a digest of the observation the turn acted on)
+    and its discounted return with discount `gamma` (`learner.gigpo`), both over all env steps.
 
     Turns without response tokens (nothing was generated) cannot be trained on and are dropped.
     `teacher_prompts` (SMRC-SD routing) maps (traj_id, turn index in `traj.turns`) to the
@@ -53,6 +59,7 @@ def rows_from_trajectories(
     teacher_prompts = teacher_prompts or {}
     rows = []
     for traj in trajectories:
+        returns = discounted_returns([float(getattr(t, "reward", 0.0)) for t in traj.turns], gamma)
         for step_idx, turn in enumerate(traj.turns):
             if not turn.response_ids:
                 continue
@@ -69,9 +76,17 @@ def rows_from_trajectories(
                     episode_score=float(traj.score),
                     action_valid=bool(turn.action_valid),
                     teacher_prompt_ids=_teacher_prompt(teacher_prompts, traj.traj_id, step_idx),
+                    anchor_key=_anchor(turn),
+                    step_return=returns[step_idx],
                 )
             )
     return rows
+
+
+def _anchor(turn: TurnLike) -> str:
+    """The turn's GiGPO anchor key; "" (an anchor group of its own) for a turn without an observation."""
+    observation = getattr(turn, "observation", None)
+    return "" if observation is None else anchor_key(observation)
 
 
 def _teacher_prompt(
@@ -142,6 +157,8 @@ def collate_rows(rows: Sequence[TrainRow], *, pad_token_id: int) -> TokenBatch:
         traj_index=traj_index,
         traj_num_rows=torch.bincount(traj_index)[traj_index],
         row_index=torch.arange(n),
+        anchor_index=_dense_index([(r.group_id, r.anchor_key or (r.traj_id, r.step_idx)) for r in rows]),
+        step_returns=torch.tensor([r.step_return for r in rows], dtype=torch.float32),
     )
 
 
@@ -169,4 +186,6 @@ def select_rows(batch: TokenBatch, index: torch.Tensor) -> TokenBatch:
         traj_index=batch.traj_index[index],
         traj_num_rows=batch.traj_num_rows[index],
         row_index=batch.row_index[index],
+        anchor_index=None if batch.anchor_index is None else batch.anchor_index[index],
+        step_returns=None if batch.step_returns is None else batch.step_returns[index],
     )

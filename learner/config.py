@@ -11,6 +11,9 @@ LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 RowWeighting = Literal["none", "per_trajectory"]
 DType = Literal["float32", "bfloat16"]
 OldLogprobs = Literal["recompute", "sampler"]
+RefPlacement = Literal["device", "shard", "cpu"]
+AdvEstimator = Literal["grpo", "gigpo"]
+GiGPOMode = Literal["mean_norm", "mean_std_norm"]
 SDForm = Literal["rkl", "sdar"]
 SDDenominator = Literal["all_tokens", "matched_tokens"]
 
@@ -58,7 +61,14 @@ class ProposerLossConfig(BaseModel):
     enabled: bool = False
     """Train proposals handed to `train_step` (off: passing any raises)."""
     lambda_prop: float = 0.5
-    """lambda_prop: weight of the proposer loss in the joint loss (UniSkill enforces 0.5)."""
+    """lambda_prop: weight of the proposer loss in the joint loss when `train_proposer` (the paper's 0.5)."""
+    train_proposer: bool = True
+    """Apply lambda_prop * L_prop; false (UniSkill variant actor_only): the proposer terms are computed
+    and logged but contribute no gradient. Derived from uniskill.variant in a training run."""
+    train_actor: bool = True
+    """Apply the actor's GRPO loss (policy, KL, entropy, extra losses); false (variant proposer_only):
+    computed and logged, multiplied by 0, so only the proposer moves the weights. Derived from
+    uniskill.variant in a training run."""
     eta: float = 0.05
     """eta = |invalid penalty|: r_fmt, r_op in {+-eta}; r_skill = clip(R_align, -eta, eta)."""
     p_min: float = 0.1
@@ -138,6 +148,16 @@ class LearnerConfig(BaseModel):
     """Group statistics over all step rows of the group (verl-agent) instead of once per trajectory."""
     singleton_group_zero: bool = True
     """A group with a single member gets advantage 0 (verl would use the raw score)."""
+    adv_estimator: AdvEstimator = "grpo"
+    """grpo: the group-normalised episode advantage (S1). gigpo: GiGPO (docs/algorithms.md "GiGPO"),
+    the episode advantage plus gigpo_omega x the step advantage within anchor-state groups."""
+    gigpo_gamma: float = 0.95
+    """GiGPO discount of the step returns R_t = sum_k gamma^k r_{t+k} (verl-agent's 0.95)."""
+    gigpo_omega: float = 1.0
+    """GiGPO weight of the step-level advantage (verl-agent's step_advantage_w 1.0)."""
+    gigpo_mode: GiGPOMode = "mean_norm"
+    """GiGPO normalisation of both levels: mean_norm subtracts the group mean (verl-agent's default),
+    mean_std_norm also divides by the group std. With gigpo it replaces norm_adv_by_std."""
     invalid_action_penalty: float = 0.1
     """c_inv: subtracted from a row's score when its action was invalid (0 disables)."""
     cap_invalid_advantage: bool = False
@@ -154,7 +174,26 @@ class LearnerConfig(BaseModel):
     mini_batch_rows: int | None = None
     """Rows (over all ranks) per optimiser step; None = all rows of the step in one update."""
     micro_batch_rows: int = 8
-    """Rows per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
+    """Rows per forward/backward on one rank (gradient accumulation inside a mini-batch) when
+    max_tokens_per_micro_batch is None."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of one micro-batch (padded rows x padded length, prompt + response): a rank's
+    length-sorted rows are packed greedily up to it, so long rows go few to a micro-batch and short
+    rows many (a row longer than the budget runs alone). None = fixed micro_batch_rows."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (HF gradient checkpointing,
+    non-reentrant) instead of keeping them: on in every GPU config."""
+    logprob_chunk_size: int = 1024
+    """Response positions projected to the vocabulary at once when scoring (`learner.logprobs`):
+    the fp32 logits of only this many positions exist at a time."""
+    log_entropy: bool = True
+    """Measure the policy entropy for the step metrics. False with entropy_coeff = 0 skips every
+    entropy computation (StepMetrics.entropy is then NaN)."""
+    ref_placement: RefPlacement = "device"
+    """Where the frozen reference model (kl_coef > 0 or the proposer KL) lives. "device": a full
+    copy in the training dtype on every rank's device; "shard": partitioned over the ranks with the
+    policy (ZeRO-3 only: a DeepSpeed inference engine over the same ZeRO config, built under
+    zero.Init); "cpu": a full copy in host memory, run on the CPU (slow, no device memory)."""
     shuffle_rows: bool = True
     """Shuffle rows (seeded by seed and step) before splitting into mini-batches."""
     old_logprobs: OldLogprobs = "recompute"
@@ -192,4 +231,17 @@ class LearnerConfig(BaseModel):
             raise ValueError(f"mini_batch_rows must be >= 1 or None, got {self.mini_batch_rows}")
         if not self.use_deepspeed and self.zero_stage != 0:
             raise ValueError("zero_stage > 0 needs use_deepspeed=True")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ValueError(
+                f"max_tokens_per_micro_batch must be >= 1 or None, got {self.max_tokens_per_micro_batch}"
+            )
+        if self.logprob_chunk_size < 1:
+            raise ValueError(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+        if self.ref_placement == "shard" and not (self.use_deepspeed and self.zero_stage == 3):
+            raise ValueError(
+                "ref_placement=shard partitions the reference with ZeRO-3: set use_deepspeed=true and "
+                "zero_stage=3, or ref_placement=device|cpu"
+            )
+        if not 0.0 <= self.gigpo_gamma <= 1.0:
+            raise ValueError(f"gigpo_gamma must be in [0, 1], got {self.gigpo_gamma}")
         return self

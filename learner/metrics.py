@@ -29,8 +29,9 @@ class OldPass:
 
     old_logp: torch.Tensor  # (N, L_r) theta_old
     ref_logp: torch.Tensor | None  # (N, L_r) reference policy; None when kl_coef == 0
-    entropy: torch.Tensor | None  # (N, L_r) entropy of theta_old; None = tallied by the update pass
+    entropy: torch.Tensor | None  # (N, L_r) entropy of theta_old; None = not measured here
     owned: torch.Tensor  # (N,) bool: rows this rank scored and trains on
+    recomputed: bool = False  # this pass forwarded the policy (else the first update pass measures)
 
     def sums(self, batch: TokenBatch, *, kl_type: str) -> dict[str, float]:
         """Token sums over this rank's rows: KL to the reference, entropy, |learner - sampler|."""
@@ -39,9 +40,10 @@ class OldPass:
         if self.ref_logp is not None:
             kl = float((kl_penalty(self.old_logp, self.ref_logp, kl_type) * owned_mask).sum())
         sums = {"owned_tokens": float(owned_mask.sum()), "kl_sum": kl}
-        if self.entropy is not None:  # else the first update pass tallies both
-            sums["entropy_sum"] = float((self.entropy * owned_mask).sum())
+        if self.recomputed:  # else the first update pass tallies both
             sums["sampler_diff_sum"] = float(((self.old_logp - batch.sampler_logp).abs() * owned_mask).sum())
+            if self.entropy is not None:  # None: learner.log_entropy is off
+                sums["entropy_sum"] = float((self.entropy * owned_mask).sum())
         return sums
 
 
@@ -102,7 +104,7 @@ def step_metrics(
         pg_clipfrac_lower=sums["clipped_lower"] / tokens,
         ppo_kl=sums["approx_kl"] / tokens,
         kl=sums["kl_sum"] / owned_tokens,
-        entropy=sums["entropy_sum"] / owned_tokens,
+        entropy=sums["entropy_sum"] / owned_tokens if "entropy_sum" in sums else float("nan"),
         grad_norm=sum(grad_norms) / steps,
         lr=lr,
         num_rows=batch.num_rows,

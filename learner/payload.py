@@ -71,3 +71,14 @@ def payload_mask(token_ids: Sequence[int], decode: Callable[[Sequence[int]], str
     first = first_k(lambda k: prefix_len(k + 1) > start if k < n else True)  # token ending after start
     stop = first_k(lambda k: prefix_len(k) >= end)  # first token starting at or after end
     return tuple(first <= j < stop for j in range(n))
+
+
+def free_payload_mask(flags: Sequence[bool | float], allowed_token_ids: Sequence[Sequence[int]] | None) -> list[bool]:
+    """`flags` without the positions the decoding constraint forced (exactly one allowed id): their
+    log-prob is 0 under every prompt, so in R_align's J they would only dilute the payload mean
+    (docs/algorithms.md S4). Unconstrained rows (None) keep every flag."""
+    if allowed_token_ids is None:
+        return [bool(f) for f in flags]
+    if len(allowed_token_ids) != len(flags):
+        raise ValueError(f"{len(allowed_token_ids)} allowed-id entries for {len(flags)} payload flags")
+    return [bool(f) and len(a) != 1 for f, a in zip(flags, allowed_token_ids, strict=True)]

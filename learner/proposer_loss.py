@@ -93,7 +93,7 @@ class ProposerLoss:
             self._sums[name] += float(value.detach())
         self._sums["clipped"] += float(clipped.sum())
         self._sums["tokens"] += float(mask.sum())
-        return pc.lambda_prop * l_prop
+        return (pc.lambda_prop if pc.train_proposer else 0.0) * l_prop
 
     def sums(self) -> dict[str, float]:
         return dict(self._sums)

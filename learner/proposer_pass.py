@@ -2,8 +2,9 @@
 the proposer rewards and their whitening, and the split of the proposals over the actor's
 mini-batches. The proposer loss is `learner.proposer_loss.ProposerLoss`.
 
-Every rank scores all proposals at theta_old and a 1/W share of the swapped-skill anchor turns
-(per-turn payload means are summed over ranks), so R_align, the rewards and the whitening are
+Every rank scores all proposals at theta_old and a 1/W share of the anchor turns, each under s~
+and under s_orig in the same no-grad learner pass (per-turn payload means are summed over ranks;
+J(s_orig) never comes from the engine's log-probs), so R_align, the rewards and the whitening are
 identical on every rank. Actor mini-batch k then also backpropagates lambda_prop * L_prop of its
 share of the valid proposals (split over ranks like the rows, denominators over the whole
 mini-batch share) before its single optimiser step. Proposals dropped for a missing reward
@@ -22,8 +23,7 @@ import torch
 
 from learner.batch import collate_rows, select_rows
 from learner.config import LearnerConfig
-from learner.metrics import OldPass
-from learner.payload import payload_mask
+from learner.payload import free_payload_mask, payload_mask
 from learner.sharding import shard_micro_batches
 from learner.types import OP_ORDER, AlignRequest, ProposalRow, ProposalScore, TokenBatch, TrainRow
 from learner.uniskill import (
@@ -42,9 +42,9 @@ class AlignStep:
 
     request: int  # index into the step's AlignRequests
     side: str  # "plus" | "minus"
-    row_index: int  # actor row (theta_old log-probs = J(s_orig))
+    row_index: int  # actor row (its own prompt shows s_orig)
     swapped_prompt_ids: tuple[int, ...]
-    payload: torch.Tensor  # (len(response),) float {0,1}
+    payload: torch.Tensor  # (len(response),) float {0,1}: payload tokens the constraint did not force
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class UniPass:
     orig_means: torch.Tensor  # (S,) payload token mean at theta_old under s_orig
     swapped_means: torch.Tensor  # (S,) the same under s~
     too_long: set[int]  # requests with an over-long scoring row
+    forced: dict[tuple[int, str], int]  # (request, side) -> turns whose whole payload was forced
 
 
 @dataclass(frozen=True)
@@ -125,25 +126,31 @@ def payload_flags(row: TrainRow, tokenizer: Any) -> torch.Tensor:
 
 def align_steps(
     rows: Sequence[TrainRow], align: list[AlignRequest], *, limit: int | None, tokenizer: Any
-) -> tuple[list[AlignStep], set[int]]:
-    """The scorable anchor turns (non-empty payload) and the requests with a scoring row over
-    `limit` tokens (prompt + response)."""
-    payloads: dict[int, torch.Tensor] = {}
-    steps, too_long = [], set()
+) -> tuple[list[AlignStep], set[int], dict[tuple[int, str], int]]:
+    """The scorable anchor turns (non-empty payload) with their unforced payload tokens, the
+    requests with a scoring row over `limit` tokens (prompt + response), and per (request, side)
+    the count of turns whose whole payload the constraint forced (covered, not averaged; S4)."""
+    payloads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    steps, too_long, forced = [], set(), {}
     for r, req in enumerate(align):
         for side, anchors in (("plus", req.plus), ("minus", req.minus)):
             for anchor in anchors:
                 row = rows[anchor.row_index]
                 if anchor.row_index not in payloads:
-                    payloads[anchor.row_index] = payload_flags(row, tokenizer)
-                payload = payloads[anchor.row_index]
+                    flags = payload_flags(row, tokenizer)
+                    free = torch.tensor(free_payload_mask(flags.tolist(), row.allowed_token_ids), dtype=torch.float32)
+                    payloads[anchor.row_index] = (flags, free)
+                payload, free = payloads[anchor.row_index]
                 if not bool(payload.any()):
                     continue  # not scorable: lowers coverage
                 if limit is not None and len(anchor.swapped_prompt_ids) + len(row.response_ids) > limit:
                     too_long.add(r)
                     continue
-                steps.append(AlignStep(r, side, anchor.row_index, anchor.swapped_prompt_ids, payload))
-    return steps, too_long
+                if not bool(free.any()):
+                    forced[r, side] = forced.get((r, side), 0) + 1
+                    continue
+                steps.append(AlignStep(r, side, anchor.row_index, anchor.swapped_prompt_ids, free))
+    return steps, too_long, forced
 
 
 @torch.no_grad()
@@ -151,7 +158,6 @@ def uniskill_pass(
     rows: Sequence[TrainRow],
     proposals: list[ProposalRow],
     align: list[AlignRequest],
-    old: OldPass,
     *,
     cfg: LearnerConfig,
     rank: int,
@@ -164,13 +170,14 @@ def uniskill_pass(
     reduce: Callable[[torch.Tensor], torch.Tensor],
 ) -> UniPass:
     """Part of the step's no-grad pass at theta_old. One collated batch holds the proposal rows
-    (scored on every rank: every rank trains a share of them) and the swapped-skill rows of
-    the scorable anchor turns (split over ranks by `shard_micro_batches`; the per-step payload
-    means are summed over ranks by `reduce`). `policy` / `reference` give response log-probs at
-    theta_old / of the reference (None: no proposer KL). J(s_orig) reuses the actor's theta_old
-    log-probs (rows are owned by exactly one rank, so the sum over ranks is the value)."""
+    (scored on every rank: every rank trains a share of them), the swapped-skill rows of the
+    scorable anchor turns and those turns' own rows (s_orig), both split over ranks by
+    `shard_micro_batches`; the payload means are summed over ranks by `reduce` (each row is real
+    on exactly one rank). `policy` / `reference` give response log-probs at theta_old / of the
+    reference (None: no proposer KL). J(s_orig) and J(s~) thus come from the same learner pass,
+    whatever `learner.old_logprobs` says (the engine's log-probs would bias Delta with bf16 engines)."""
     limits = [n for n in (cfg.proposer.max_scoring_tokens, max_positions) if n]
-    steps, too_long = align_steps(rows, align, limit=min(limits) if limits else None, tokenizer=tokenizer)
+    steps, too_long, forced = align_steps(rows, align, limit=min(limits) if limits else None, tokenizer=tokenizer)
     prop_rows = [
         TrainRow(
             prompt_ids=p.prompt_ids, response_ids=p.response_ids,
@@ -186,16 +193,19 @@ def uniskill_pass(
         )
         for st in steps
     ]
-    aux = collate_rows(prop_rows + swapped_rows, pad_token_id=pad_token_id)
-    n_prop, n_swap = len(prop_rows), len(swapped_rows)
+    orig_index = {i: k for k, i in enumerate(dict.fromkeys(st.row_index for st in steps))}
+    orig_rows = [rows[i].model_copy(update={"teacher_prompt_ids": None, "payload_mask": None}) for i in orig_index]
+    orig_payload = {orig_index[st.row_index]: st.payload for st in steps}
+    aux = collate_rows(prop_rows + swapped_rows + orig_rows, pad_token_id=pad_token_id)
+    n_prop, n_swap, n_orig = len(prop_rows), len(swapped_rows), len(orig_rows)
     chunks = shard_micro_batches(
-        aux.attention_mask.sum(-1), n_prop + torch.arange(n_swap), rank=rank, world_size=world_size,
+        aux.attention_mask.sum(-1), n_prop + torch.arange(n_swap + n_orig), rank=rank, world_size=world_size,
         micro_rows=cfg.micro_batch_rows, shared=torch.arange(n_prop),
     )  # fmt: skip
     shape = (n_prop, aux.response_length)
     prop_old = torch.zeros(shape)
     prop_ref = torch.zeros(shape) if reference is not None and cfg.proposer.beta_kl > 0 else None
-    swapped_means = torch.zeros(n_swap)
+    swapped_means, orig_row_means = torch.zeros(n_swap), torch.zeros(n_orig)
     for idx, real in chunks:
         sub = select_rows(aux, idx)
         logp = policy(sub).float().cpu()
@@ -204,23 +214,23 @@ def uniskill_pass(
         for k, i in enumerate(idx.tolist()):
             if i < n_prop:
                 prop_old[i, : sub.response_length] = logp[k]
+                continue
+            is_swap = i < n_prop + n_swap
+            payload = steps[i - n_prop].payload if is_swap else orig_payload[i - n_prop - n_swap]
+            mean = step_payload_means(logp[k : k + 1, : len(payload)], payload[None])[0][0]
+            if is_swap:
+                swapped_means[i - n_prop] = mean
             else:
-                payload = steps[i - n_prop].payload
-                means, _ = step_payload_means(logp[k : k + 1, : len(payload)], payload[None])
-                swapped_means[i - n_prop] = means[0]
+                orig_row_means[i - n_prop - n_swap] = mean
         p_idx = idx[idx < n_prop]
         if prop_ref is not None and reference is not None and len(p_idx):
             p_sub = select_rows(aux, p_idx)
             prop_ref[p_idx, : p_sub.response_length] = reference(p_sub).float().cpu()
-    orig_means = torch.zeros(n_swap)
-    for s_i, st in enumerate(steps):
-        if bool(old.owned[st.row_index]):
-            logp = old.old_logp[st.row_index, : len(st.payload)]
-            orig_means[s_i] = step_payload_means(logp[None], st.payload[None])[0][0]
-    reduced = reduce(torch.cat([orig_means, swapped_means]))
+    reduced = reduce(torch.cat([orig_row_means, swapped_means]))
+    orig_means = reduced[:n_orig][torch.tensor([orig_index[st.row_index] for st in steps], dtype=torch.long)]
     return UniPass(
         aux=aux, prop_old=prop_old, prop_ref=prop_ref, steps=steps,
-        orig_means=reduced[:n_swap], swapped_means=reduced[n_swap:], too_long=too_long,
+        orig_means=orig_means, swapped_means=reduced[n_orig:], too_long=too_long, forced=forced,
     )  # fmt: skip
 
 
@@ -240,7 +250,8 @@ def align_outcomes(
             parts[side] = (uni.orig_means[sel], uni.swapped_means[sel])
         outcome = align_from_step_means(
             *parts["plus"], *parts["minus"], plus_turns=req.plus_turns, minus_turns=req.minus_turns,
-            coverage_min=coverage_min,
+            coverage_min=coverage_min, plus_forced=uni.forced.get((r, "plus"), 0),
+            minus_forced=uni.forced.get((r, "minus"), 0),
         )  # fmt: skip
         if r in uni.too_long:
             outcome = AlignOutcome(

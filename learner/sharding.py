@@ -2,10 +2,17 @@
 
 Every rank receives the same rows; each trains (or scores) a share of them. One rule serves the
 actor update and its no-grad pass, the proposer update and UniSkill's scoring pass: sort by
-length, stride by rank, pad to equal count. Sorting by length keeps the padding inside a
-micro-batch small; since every loss denominator is mini-batch-global, how the rows are split
-never changes the loss. Equal counts keep ZeRO collectives lined up: a short rank runs
-zero-weight repeats of one row (real=False) instead of idling.
+length, stride by rank, split into micro-batches, pad to equal count. Sorting by length keeps the
+padding inside a micro-batch small; since every loss denominator is mini-batch-global, how the
+rows are split never changes the loss. Equal counts keep ZeRO collectives (and DeepSpeed's
+gradient-accumulation boundaries) lined up: a short rank runs zero-weight repeats of one row
+(real=False) instead of idling.
+
+Two ways to split a rank's share: a fixed number of rows (`micro_rows`), or a token budget
+(`max_tokens`): the length-sorted rows are packed greedily while (rows x longest row's tokens)
+stays within the budget, so a long row never multiplies by a fixed row count (a row over the
+budget runs alone). With a budget the shares of ALL ranks are packed (deterministically, on every
+rank) and the largest count is everyone's count.
 
 Pure torch on index tensors: no config, no process group.
 """
@@ -20,6 +27,33 @@ import torch
 from learner.types import Chunk
 
 
+def pack_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[int]:
+    """Sizes of consecutive groups of `lengths` (ascending) such that len(group) x max(group) <=
+    max_tokens; a single length over the budget forms its own group."""
+    sizes: list[int] = []
+    count = 0
+    for length in lengths:
+        if count and (count + 1) * length > max_tokens:
+            sizes.append(count)
+            count = 0
+        count += 1
+    return sizes + [count] if count else sizes
+
+
+def _share(lengths: torch.Tensor, rows: torch.Tensor, shared: torch.Tensor, rank: int, world_size: int):
+    by_length = rows[torch.argsort(lengths[rows], stable=True)]
+    mine = torch.cat([shared, by_length[rank::world_size]])
+    return mine[torch.argsort(lengths[mine], stable=True)]
+
+
+def _split(lengths: torch.Tensor, mine: torch.Tensor, micro_rows: int, max_tokens: int | None) -> list[torch.Tensor]:
+    if not len(mine):
+        return []
+    if max_tokens is None:
+        return list(mine.split(micro_rows))
+    return list(mine.split(pack_by_tokens(lengths[mine].tolist(), max_tokens)))
+
+
 def shard_micro_batches(
     lengths: torch.Tensor,
     rows: torch.Tensor,
@@ -28,6 +62,7 @@ def shard_micro_batches(
     world_size: int,
     micro_rows: int,
     shared: torch.Tensor | None = None,
+    max_tokens: int | None = None,
 ) -> list[Chunk]:
     """Rank `rank`'s micro-batches of `rows`: sort by length, stride by rank, pad to equal count.
 
@@ -35,33 +70,45 @@ def shard_micro_batches(
     The rows, stably sorted by length, are strided by rank: rank r owns sorted[r::world_size],
     so every row is owned by exactly one rank. `shared` rows (int64, same index space) join the
     share of EVERY rank (UniSkill's proposals in its scoring pass: every rank trains some of
-    them). The share is stably sorted by length and split into micro-batches of `micro_rows`
-    (real=True), then padded with (the shortest of all given rows, real=False) to
-    ceil((len(shared) + ceil(n / world_size)) / micro_rows) micro-batches: the same count on
-    every rank. A rank with an empty share gets padding only; no rows at all give [].
+    them). The share is stably sorted by length and split into micro-batches (real=True) of
+    `micro_rows` rows, or packed by `max_tokens` when given (`pack_by_tokens`); then padded with
+    (the shortest of all given rows, real=False) to the same count on every rank:
+    ceil((len(shared) + ceil(n / world_size)) / micro_rows) with fixed rows, the largest packed
+    count of any rank with a token budget. A rank with an empty share gets padding only; no rows
+    at all give [].
     """
     shared = rows.new_zeros(0) if shared is None else shared
     every = torch.cat([shared, rows])
     if len(every) == 0:
         return []
-    by_length = rows[torch.argsort(lengths[rows], stable=True)]
-    mine = torch.cat([shared, by_length[rank::world_size]])
-    mine = mine[torch.argsort(lengths[mine], stable=True)]
-    count = math.ceil((len(shared) + math.ceil(len(rows) / world_size)) / micro_rows)
-    chunks = [(c, True) for c in mine.split(micro_rows)] if len(mine) else []
+    mine = _share(lengths, rows, shared, rank, world_size)
+    chunks = [(c, True) for c in _split(lengths, mine, micro_rows, max_tokens)]
+    if max_tokens is None:
+        count = math.ceil((len(shared) + math.ceil(len(rows) / world_size)) / micro_rows)
+    else:
+        count = max(
+            len(_split(lengths, _share(lengths, rows, shared, r, world_size), micro_rows, max_tokens))
+            for r in range(world_size)
+        )
     padding = every[torch.argsort(lengths[every], stable=True)[:1]]
     return chunks + [(padding, False)] * (count - len(chunks))
 
 
 def owned_rows(
-    lengths: torch.Tensor, minis: Sequence[torch.Tensor], *, rank: int, world_size: int, micro_rows: int
+    lengths: torch.Tensor,
+    minis: Sequence[torch.Tensor],
+    *,
+    rank: int,
+    world_size: int,
+    micro_rows: int,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
     """(N,) bool: the rows `shard_micro_batches` gives rank `rank` over all mini-batches
     (deterministic: any rank can compute any other rank's share)."""
     owned = torch.zeros(len(lengths), dtype=torch.bool)
     for mini in minis:
         for idx, real in shard_micro_batches(
-            lengths, mini, rank=rank, world_size=world_size, micro_rows=micro_rows
+            lengths, mini, rank=rank, world_size=world_size, micro_rows=micro_rows, max_tokens=max_tokens
         ):
             owned[idx] = owned[idx] | real
     return owned

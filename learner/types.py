@@ -39,6 +39,12 @@ class TrainRow(BaseModel):
     teacher_prompt_ids: tuple[int, ...] | None = None
     """SMRC-SD: the teacher-context prompt of this turn (routed turns only; None = no
     distillation). The learner scores the identical response ids under it, no grad, at θ_old."""
+    anchor_key: str = ""
+    """GiGPO (docs/algorithms.md "GiGPO"): digest of the exact environment observation this turn
+    acted on (`learner.gigpo.anchor_key`); turns of one group with equal keys form an anchor-state
+    group. "" = unknown (rows built by hand): the row is an anchor group of its own (A_step = 0)."""
+    step_return: float = 0.0
+    """GiGPO: the discounted return sum_k gamma^k r_{t+k} of the env rewards from this turn on."""
     payload_mask: tuple[bool, ...] | None = None
     """UniSkill R_align (docs/algorithms.md S4): one flag per response id, True inside the
     `<action>...</action>` payload (tags and think tokens excluded). None = the learner derives it
@@ -193,6 +199,8 @@ class TokenBatch:
     traj_index: torch.Tensor  # (B,) int64: dense index of (group_id, traj_id)
     traj_num_rows: torch.Tensor  # (B,) int64: rows of the row's trajectory in the full batch
     row_index: torch.Tensor  # (B,) int64: position of the row in the list given to collate
+    anchor_index: torch.Tensor | None = None  # (B,) int64: dense index of (group_id, anchor_key) (GiGPO)
+    step_returns: torch.Tensor | None = None  # (B,) float32: TrainRow.step_return (GiGPO)
 
     @property
     def num_rows(self) -> int:

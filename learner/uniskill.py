@@ -141,20 +141,27 @@ def align_from_step_means(
     plus_turns: int,
     minus_turns: int,
     coverage_min: float = 0.8,
+    plus_forced: int = 0,
+    minus_forced: int = 0,
 ) -> AlignOutcome:
     """Delta+/- and R_align from per-scorable-step payload means (each (n_+,) or (n_-,)).
 
     Delta = mean(swapped) - mean(orig) (J is a mean of per-step means); R_align = Delta+ - Delta-.
     Coverage = scorable steps / T_tau for each anchor; below `coverage_min` on either anchor
-    the outcome has no R_align (reason "coverage 0.6 < 0.8").
+    the outcome has no R_align (reason "coverage 0.6 < 0.8"). `plus_forced` / `minus_forced`:
+    turns whose payload the decoding constraint fixed entirely (every payload token the only
+    allowed id): they count as covered but take no part in the means (their Delta is exactly 0
+    whatever the skill); an anchor with only such turns has no R_align.
     """
-    cov_plus = len(plus_orig) / plus_turns
-    cov_minus = len(minus_orig) / minus_turns
-    for name, cov in (("plus", cov_plus), ("minus", cov_minus)):
+    cov_plus = (len(plus_orig) + plus_forced) / plus_turns
+    cov_minus = (len(minus_orig) + minus_forced) / minus_turns
+    for name, cov, free in (("plus", cov_plus, len(plus_orig)), ("minus", cov_minus, len(minus_orig))):
         if cov < coverage_min or cov == 0:
             return AlignOutcome(
                 None, None, None, cov_plus, cov_minus, f"{name} coverage {cov:.3g} < {coverage_min:g}"
             )
+        if free == 0:
+            return AlignOutcome(None, None, None, cov_plus, cov_minus, f"{name}: every payload token was forced")
     d_plus = float(plus_swapped.double().mean() - plus_orig.double().mean())
     d_minus = float(minus_swapped.double().mean() - minus_orig.double().mean())
     return AlignOutcome(d_plus - d_minus, d_plus, d_minus, cov_plus, cov_minus)

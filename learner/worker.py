@@ -44,7 +44,7 @@ from learner.actor import (
     row_advantages,
     row_scores,
 )
-from learner.backends import build_backend
+from learner.backends import build_backend, build_reference, load_causal_lm, weight_dtype
 from learner.batch import collate_rows, select_rows
 from learner.checkpoint import export_hf_dir, load_training_state, save_training_state
 from learner.collectives import all_reduce_sums, all_reduce_tensor, barrier
@@ -66,6 +66,16 @@ from learner.types import (
     TokenBatch,
     TrainRow,
 )
+from learner.weight_sender import WeightSender
+from weightsync.group import GroupSpec
+
+
+def _load_model(path: str, dtype: torch.dtype, device: torch.device, zero3: dict | None) -> torch.nn.Module:
+    return load_causal_lm(path, dtype=dtype, device=device, zero3_config=zero3)
+
+
+def _ref_dtype(cfg: LearnerConfig) -> torch.dtype:
+    return torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
 
 
 class LearnerWorker:
@@ -89,7 +99,7 @@ class LearnerWorker:
         extra_losses: Sequence[ExtraLoss] = (),
         collective_timeout_s: float | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.cfg = cfg
         self.rank = rank
@@ -103,10 +113,10 @@ class LearnerWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         pad = self.tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        loader = functools.partial(_load_model, model_path, weight_dtype(cfg))
         self.backend = build_backend(
             cfg,
-            model,
+            loader,
             rank=rank,
             world_size=world_size,
             master_addr=master_addr,
@@ -117,16 +127,11 @@ class LearnerWorker:
         )
         prop = cfg.proposer
         needs_ref = cfg.kl_coef > 0 or (prop.enabled and prop.beta_kl > 0)
-        self.ref_model = self._load_reference(model_path) if needs_ref else None
-        self._max_positions = getattr(model.config, "max_position_embeddings", None)
+        ref_loader = functools.partial(_load_model, model_path, _ref_dtype(cfg))
+        self.ref_model = build_reference(cfg, ref_loader, self.backend) if needs_ref else None
+        self._max_positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
         self._version = 0
-
-    def _load_reference(self, model_path: str) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        dtype = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
-        ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.backend.device)
-        return ref.eval().requires_grad_(False)
+        self._weight_sender = WeightSender(cfg, rank)
 
     def get_version(self) -> int:
         """Policy version = optimiser updates applied through `train_step` (restored on load)."""
@@ -167,7 +172,7 @@ class LearnerWorker:
             teacher = self._teacher_pass(rows, batch, minis) if self.sd_loss is not None else None
             if self.sd_loss is not None and teacher is not None:
                 self.sd_loss.set_teacher(teacher.teacher_logp, teacher.match, step=self._version)
-            uni = self._uniskill_pass(rows, proposals, align, old) if proposals else None
+            uni = self._uniskill_pass(rows, proposals, align) if proposals else None
         with clock("advantage_s"):
             advantages = row_advantages(self.cfg, batch)
             weights = ROW_WEIGHTINGS[self.cfg.row_weighting](batch)
@@ -211,6 +216,7 @@ class LearnerWorker:
                 rank=self.rank,
                 world_size=self.world_size,
                 micro_rows=self.cfg.micro_batch_rows,
+                max_tokens=self.cfg.max_tokens_per_micro_batch,
             )
             for mini in minis
         ]
@@ -222,6 +228,7 @@ class LearnerWorker:
                 micro,
                 temperature=self.cfg.temperature,
                 with_entropy=with_entropy,
+                chunk_size=self.cfg.logprob_chunk_size,
             )
 
     def _policy_logp(self, micro: TokenBatch) -> torch.Tensor:
@@ -231,7 +238,10 @@ class LearnerWorker:
         ref = self.ref_model
         if ref is None:
             return None
-        return lambda micro: response_logprobs(ref, micro, temperature=self.cfg.temperature).logp
+        cfg = self.cfg
+        return lambda micro: response_logprobs(
+            ref, micro, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size
+        ).logp
 
     def _old_pass(self, batch: TokenBatch, shards: list[list[Chunk]]) -> OldPass:
         return old_and_ref_logprobs(
@@ -243,7 +253,8 @@ class LearnerWorker:
     ) -> TeacherPass:
         lengths, micro = batch.attention_mask.sum(-1), self.cfg.micro_batch_rows
         owned = [
-            owned_rows(lengths, minis, rank=r, world_size=self.world_size, micro_rows=micro)
+            owned_rows(lengths, minis, rank=r, world_size=self.world_size, micro_rows=micro,
+                       max_tokens=self.cfg.max_tokens_per_micro_batch)  # fmt: skip
             for r in range(self.world_size)
         ]
         return teacher_logprobs(
@@ -252,10 +263,10 @@ class LearnerWorker:
         )  # fmt: skip
 
     def _uniskill_pass(
-        self, rows: Sequence[TrainRow], proposals: list[ProposalRow], align: list[AlignRequest], old: OldPass
+        self, rows: Sequence[TrainRow], proposals: list[ProposalRow], align: list[AlignRequest]
     ) -> UniPass:
         return uniskill_pass(
-            rows, proposals, align, old, cfg=self.cfg, rank=self.rank, world_size=self.world_size,
+            rows, proposals, align, cfg=self.cfg, rank=self.rank, world_size=self.world_size,
             pad_token_id=self._pad_id, tokenizer=self.tokenizer, max_positions=self._max_positions,
             policy=self._policy_logp, reference=self._reference_logp(),
             reduce=functools.partial(all_reduce_tensor, world_size=self.world_size, device=self.backend.device),
@@ -344,10 +355,15 @@ class LearnerWorker:
         """Current-policy log-probs of each row's response ids (at the rollout temperature, over
         the allowed ids where constrained). Every rank must call it with the same rows."""
         batch = collate_rows(rows, pad_token_id=self._pad_id)
-        out: list[list[float]] = []
-        for idx in torch.arange(batch.num_rows).split(self.cfg.micro_batch_rows):
+        out: list[list[float]] = [[] for _ in rows]
+        chunks = shard_micro_batches(
+            batch.attention_mask.sum(-1), torch.arange(batch.num_rows), rank=0, world_size=1,
+            micro_rows=self.cfg.micro_batch_rows, max_tokens=self.cfg.max_tokens_per_micro_batch,
+        )  # fmt: skip
+        for idx in (idx for idx, real in chunks if real):
             logp = self._policy_logprobs(select_rows(batch, idx), with_entropy=False).logp.float().cpu()
-            out.extend(logp[k, : len(rows[i].response_ids)].tolist() for k, i in enumerate(idx.tolist()))
+            for k, i in enumerate(idx.tolist()):
+                out[i] = logp[k, : len(rows[i].response_ids)].tolist()
         return out
 
     def export_weights(self, out_dir: str) -> str:
@@ -356,6 +372,16 @@ class LearnerWorker:
         out = export_hf_dir(self.backend, self.tokenizer, out_dir, rank=self.rank)
         barrier(self.world_size)
         return str(out)
+
+    def join_weight_group(self, spec: GroupSpec) -> None:
+        """Rank 0 only: join the weight-sync group as its sender (`learner.weight_sender`)."""
+        self._weight_sender.join(spec, self.backend.device)
+
+    def broadcast_weights(self, wire_dtype: str | None = None, bucket_mb: float = 256.0) -> int:
+        """Every rank calls it (gathers under ZeRO-3); rank 0 streams the current weights to the
+        engines in buckets. Returns the bytes rank 0 sent (0 on other ranks)."""
+        stats = self._weight_sender.send(self.backend.module, wire_dtype=wire_dtype, bucket_mb=bucket_mb)
+        return 0 if stats is None else stats.bytes
 
     def save_checkpoint(self, ckpt_dir: str) -> str:
         """Model + optimiser state + version + RNG (every rank calls it)."""

@@ -16,6 +16,7 @@ from rollout_workers.engines.base import derive_seed
 from rollout_workers.engines.registry import make_engine
 from rollout_workers.loop import EnvPoolClient, run_episodes
 from rollout_workers.types import Generation, RolloutStats, Trajectory
+from weightsync.group import GroupSpec
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,42 @@ class RolloutWorker:
         if version != self._version:
             self._calls = 0  # seeds derive from (seed, version, call): a resumed run replays them
         self._version = version
+
+    def weight_group_ranks(self) -> int:
+        """Members this worker's engine contributes to the weight-sync group."""
+        return int(getattr(self._engine, "weight_group_ranks", 1))
+
+    def join_weight_group(self, spec: GroupSpec, base_rank: int) -> None:
+        """Join the weight-sync group (`sync.method: broadcast`) as ranks base_rank...; blocks until
+        every member joined (at most spec.timeout_s)."""
+        join = getattr(self._engine, "join_weight_group", None)
+        if join is None:
+            raise ValueError(f"engine {type(self._engine).__name__} cannot receive broadcast weights; "
+                             "set sync.method=object_store")
+        join(spec, base_rank)
+
+    def receive_weights(self, version: int) -> int:
+        """Weight sync without files: load the tensors learner rank 0 broadcasts now (collective with
+        it) as policy `version`; returns the number of tensors. No digest is computed (hashing every
+        weight each step is what this path avoids); the driver's log-prob probe verifies instead."""
+        count = self._engine.receive_weights()
+        if version != self._version:
+            self._calls = 0
+        self._version, self._digest = version, None
+        return count
+
+    def leave_weight_group(self) -> None:
+        leave = getattr(self._engine, "leave_weight_group", None)
+        if leave is not None:
+            leave()
+
+    def probe(self, text: str, *, max_tokens: int, temperature: float, seed: int) -> tuple[list[int], Generation]:
+        """(prompt ids, sample): `text` tokenized and continued with the current weights at
+        `temperature`, top_p 1; the learner re-scores the sample to verify a weight sync."""
+        prompt = list(self._engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+        [gen] = self._engine.generate([prompt], temperature=temperature, top_p=1.0, max_tokens=max_tokens,
+                                      seed=seed, choices=None)
+        return prompt, gen
 
     def load_weight_files(self, files: dict[str, bytes], version: int) -> str:
         """Weight sync without a shared filesystem: write the exported files (shipped through the

@@ -63,7 +63,12 @@ class SkillBankConfig(BaseModel):
     embedding_model: str = MINILM
     """Sentence-transformers model: the offline MiniLM sentinel, any local path or hub name
     (e.g. Qwen3-Embedding-0.6B on a cluster), or "hashing" (bag of hashed words, no model)."""
-    embedding_device: str = "cpu"
+    embedding_device: Literal["cpu", "cuda"] = "cpu"
+    """Where the embedder runs. "cuda" makes the skill-bank actor request `embedding_gpus` of a GPU
+    from Ray (`deploy.skillbank_actor`), so Ray hands it a device; "cpu" requests none."""
+    embedding_gpus: float = Field(1.0, gt=0.0, le=1.0)
+    """GPU share the skill-bank actor reserves when embedding_device="cuda" (a fraction below 1 lets
+    it share a GPU with other fractional requests); ignored on CPU."""
     top_k: int = Field(1, ge=1)
     """Skills retrieved per query."""
     max_chars: int = Field(1200, gt=0)

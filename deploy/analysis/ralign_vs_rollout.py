@@ -12,7 +12,9 @@ the sampling seed, common random numbers). gain = success(s~) - success(s_orig).
 non-positive R_align proposals and the share of positive proposals whose gain < 0.
 `measure_gains` plays the episodes through an `EpisodeRunner`: `cluster_runner` (rollout workers of
 a local Ray cluster started from the run's config) or `local_runner` (an engine and EnvPools in
-this process). `run_ralign_vs_rollout` writes RUN/analysis/ralign_vs_rollout.{json,png}.
+this process). `run_ralign_vs_rollout` writes RUN/analysis/ralign_vs_rollout.{json,png}; with
+`steps` it plays each listed step's proposals with the policy that scored them (`policy_at_step`:
+the checkpoint after the previous step), as the paper reports steps 25 and 75 separately.
 """
 
 from __future__ import annotations
@@ -207,6 +209,8 @@ class RalignVsRolloutResult:
     stats: AlignStats
     by_step: dict[str, AlignStats] = field(default_factory=dict)
     gains: list[ProposalGain] = field(default_factory=list)
+    models: dict[str, str] = field(default_factory=dict)
+    """The weights each step's arms were played with ("all" without --steps)."""
     json_path: str | None = None
     png_path: str | None = None
 
@@ -250,22 +254,25 @@ def analyse(gains: Sequence[ProposalGain]) -> tuple[AlignStats, dict[str, AlignS
     return overall, by_step
 
 
-def run_ralign_vs_rollout(run_dir: Path, *, model_path: str | None = None, sample: int = 32, k: int = 4,
-                          seed: int = 0, out_dir: Path | None = None,
-                          runner: EpisodeRunner | None = None) -> RalignVsRolloutResult:
-    """Sample, play both arms (on a local cluster from RUN/config.resolved.json unless `runner` is
-    given), analyse, write JSON + PNG under RUN/analysis (or out_dir)."""
-    run_dir = Path(run_dir)
-    if k < 1 or sample < 1:
-        raise ValueError(f"--k ({k}) and --sample ({sample}) must be >= 1")
-    records = load_proposals(run_dir)
-    if not records:
-        raise ValueError(f"{run_dir}/uniskill holds no proposals_step_*.jsonl: train a UniSkill run (the trainer "
-                         "archives every step's proposals there)")
-    props = sample_proposals(records, sample, seed)
-    if not props:
-        raise ValueError(f"{run_dir}: none of the {len(records)} archived proposals is an ADD/UPDATE with an "
-                         "R_align (warm-up steps have none): train past uniskill.bank.warmup_steps")
+def policy_at_step(run_dir: Path, step: int, *, base_model: str) -> str:
+    """The weights that generated and scored the proposals of training step `step` (1-based): the
+    pre-update policy of that step, i.e. the checkpoint written after step - 1
+    (RUN/checkpoints/step_<step-1>/hf), or the run's initial model for step 1."""
+    if step < 1:
+        raise ValueError(f"--steps: training steps start at 1, got {step}")
+    if step == 1:
+        return base_model
+    hf = Path(run_dir) / "checkpoints" / f"step_{step - 1:06d}" / "hf"
+    if not hf.is_dir():
+        have = sorted(int(p.parent.name.removeprefix("step_")) for p in (Path(run_dir) / "checkpoints").glob("step_*/hf"))
+        raise ValueError(f"{run_dir}: step {step}'s proposals were scored by the policy after step {step - 1}, and "
+                         f"checkpoints/step_{step - 1:06d}/hf does not exist (checkpoints of steps {have or 'none'}); "
+                         f"train with run.checkpoint_every dividing {step - 1} (e.g. 1) to analyse step {step}")
+    return str(hf)
+
+
+def _play(props: Sequence[ProposalRecord], run_dir: Path, model_path: str | None, runner: EpisodeRunner | None,
+          *, k: int, seed: int) -> list[ProposalGain]:
     cluster = None
     if runner is None:
         from deploy.cluster import Cluster
@@ -277,13 +284,54 @@ def run_ralign_vs_rollout(run_dir: Path, *, model_path: str | None = None, sampl
         cluster = Cluster.start(cfg, model_path, with_learner=False)
         runner = cluster_runner(cluster, temperature=cfg.rollout.temperature)
     try:
-        gains = measure_gains(props, runner, k=k, seed=seed)
+        return measure_gains(props, runner, k=k, seed=seed)
     finally:
         if cluster is not None:
             cluster.shutdown()
+
+
+def run_ralign_vs_rollout(run_dir: Path, *, model_path: str | None = None, sample: int = 32, k: int = 4,
+                          seed: int = 0, out_dir: Path | None = None, runner: EpisodeRunner | None = None,
+                          steps: Sequence[int] | None = None,
+                          runner_for: Callable[[str], EpisodeRunner] | None = None) -> RalignVsRolloutResult:
+    """Sample, play both arms (on a local cluster from RUN/config.resolved.json unless `runner` is
+    given), analyse, write JSON + PNG under RUN/analysis (or out_dir).
+
+    `steps` (the paper's per-step analysis, e.g. 25 and 75): up to `sample` proposals of each listed
+    step, each step's arms played with the policy of that step (`policy_at_step`; `model_path`
+    must then be None); `runner_for(model)` replaces the cluster per step in tests."""
+    run_dir = Path(run_dir)
+    if k < 1 or sample < 1:
+        raise ValueError(f"--k ({k}) and --sample ({sample}) must be >= 1")
+    records = load_proposals(run_dir)
+    if not records:
+        raise ValueError(f"{run_dir}/uniskill holds no proposals_step_*.jsonl: train a UniSkill run (the trainer "
+                         "archives every step's proposals there)")
+    if steps is None:
+        props = sample_proposals(records, sample, seed)
+        if not props:
+            raise ValueError(f"{run_dir}: none of the {len(records)} archived proposals is an ADD/UPDATE with an "
+                             "R_align (warm-up steps have none): train past uniskill.bank.warmup_steps")
+        gains = _play(props, run_dir, model_path, runner, k=k, seed=seed)
+        models = {"all": str(model_path or "(runner)")}
+    else:
+        if model_path is not None or runner is not None:
+            raise ValueError("--steps loads each step's own policy: do not pass --model (or a runner)")
+        base = json.loads((run_dir / "config.resolved.json").read_text())["model"]["path"]
+        gains, models = [], {}
+        for step in sorted(set(steps)):
+            props = sample_proposals([r for r in records if r.step == step], sample, seed)
+            if not props:
+                have = sorted({r.step for r in eligible(records)})
+                raise ValueError(f"{run_dir}: step {step} has no archived ADD/UPDATE proposal with an R_align "
+                                 f"(steps that have: {have or 'none'})")
+            models[str(step)] = policy_at_step(run_dir, step, base_model=base)
+            step_runner = runner_for(models[str(step)]) if runner_for is not None else None
+            gains += _play(props, run_dir, models[str(step)], step_runner, k=k, seed=seed)
     overall, by_step = analyse(gains)
     result = RalignVsRolloutResult(run_dir=str(run_dir), model_path=str(model_path or "(runner)"), k=k, seed=seed,
-                                   num_eligible=len(eligible(records)), stats=overall, by_step=by_step, gains=gains)
+                                   num_eligible=len(eligible(records)), stats=overall, by_step=by_step, gains=gains,
+                                   models=models)
     out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     result.png_path = str(plot(result, out / "ralign_vs_rollout.png"))

@@ -5,14 +5,19 @@ Transcript (JSONL, one episode a line; unknown keys ignored):
   {"goal_mode": "human"|"synthetic", "session": <goal index in the environment's goal order>,
    "steps": [{"action": null|str, "observation": str, "available_actions": {"has_search_bar": bool,
    "clickables": [...]}, "reward": <upstream raw score>, "done": bool,
-   "search_ranking": [asins, only on executed searches]}, ...]}
-Step 0 is the reset (action null). Observation, available actions, reward (raw score, not the
+   "search_ranking": [asins, only on executed searches]}, ...],
+   "env_kwargs": {upstream WebAgentTextEnv options the episode ran under, e.g. "show_attrs": true;
+   absent = upstream's defaults; known: envs.config.WEBSHOP_ENV_KWARGS}}
+Step 0 is the reset (action null). Each episode is replayed on an env built with its env_kwargs. Observation, available actions, reward (raw score, not the
 scaled env reward) and done are compared exactly. Search ranking may legitimately differ from
 upstream's Lucene BM25: ranking differences go to the report's notes, and a results page is
 rendered from the recorded ranking when one is given, so page-format differences stay separate.
 
 Env meta (optional JSON): {"human"|"synthetic": {"product_prices": {asin: price}, "goals": [goal
-dicts in environment order]}} pins upstream's unseeded range prices and goal order/limits.
+dicts in environment order]}} pins upstream's unseeded range prices and goal order/limits. A pinned
+goal without a product field upstream copies from its product (category, query, name,
+product_category) is completed from the catalogue by asin; one that lacks a goal-only field (or
+whose asin is unknown) is an error naming the goal and the field.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 from deploy.parity.report import Mismatch, ReplayReport
 from envs.config import EnvConfig
-from envs.webshop.catalogue import Catalogue, build_catalogue, read_raw
+from envs.webshop.catalogue import Catalogue, CatalogueError, build_catalogue, read_raw
 from envs.webshop.env import WebShopEnv
 from envs.webshop.reward import get_reward
 from envs.webshop.session import parse_action
@@ -54,44 +59,52 @@ def _read_jsonl(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def _config(backend: str, data_path: Path, goal_mode: str, max_steps: int) -> EnvConfig:
+def _config(
+    backend: str, data_path: Path, goal_mode: str, max_steps: int, env_kwargs: dict[str, Any], where: str
+) -> EnvConfig:
     if backend not in ("embedded", "webshop"):
         raise ValueError(f"--backend must be embedded or webshop for WebShop, got {backend!r}")
-    return EnvConfig(
+    cfg = EnvConfig(
         name="webshop",
         backend=backend,
         data_path=str(data_path),
         webshop_goal_mode=goal_mode,
         max_steps=max_steps,
     )  # type: ignore[arg-type]
+    return cfg.with_webshop_env_kwargs(env_kwargs, where=where) if env_kwargs else cfg
 
 
 class _Backends:
-    """One env per goal mode, built lazily (embedded: from DIR, pinned by the env meta)."""
+    """One env per (goal mode, env_kwargs), built lazily (embedded: from DIR, pinned by the env meta;
+    one catalogue per goal mode, shared by that mode's envs)."""
 
     def __init__(self, backend: str, data_path: Path, meta: dict[str, Any], max_steps: int) -> None:
         self.backend, self.data_path, self.meta, self.max_steps = backend, data_path, meta, max_steps
-        self._envs: dict[str, Any] = {}
+        self._envs: dict[tuple[str, str], Any] = {}
+        self._catalogues: dict[str, Catalogue] = {}
         self._raw: Any = None
 
     def catalogue(self, mode: str) -> Catalogue:
-        if self._raw is None:
-            self._raw = read_raw(self.data_path)
-        catalogue = build_catalogue(self._raw, mode, seed=0)  # type: ignore[arg-type]
-        return catalogue.pinned(self.meta[mode]) if mode in self.meta else catalogue
+        if mode not in self._catalogues:
+            if self._raw is None:
+                self._raw = read_raw(self.data_path)
+            catalogue = build_catalogue(self._raw, mode, seed=0)  # type: ignore[arg-type]
+            self._catalogues[mode] = catalogue.pinned(self.meta[mode]) if mode in self.meta else catalogue
+        return self._catalogues[mode]
 
-    def env(self, mode: str) -> Any:
+    def env(self, mode: str, env_kwargs: dict[str, Any] | None = None, where: str = "env_kwargs") -> Any:
         if mode not in ("synthetic", "human"):
             raise ValueError(f"transcript goal_mode must be 'synthetic' or 'human', got {mode!r}")
-        if mode not in self._envs:
-            cfg = _config(self.backend, self.data_path, mode, self.max_steps)
+        key = (mode, json.dumps(env_kwargs or {}, sort_keys=True))
+        if key not in self._envs:
+            cfg = _config(self.backend, self.data_path, mode, self.max_steps, env_kwargs or {}, where)
             if self.backend == "embedded":
-                self._envs[mode] = WebShopEnv(cfg, catalogues={mode: self.catalogue(mode)})
+                self._envs[key] = WebShopEnv(cfg, catalogues={mode: self.catalogue(mode)})
             else:
                 from envs.webshop.upstream import UpstreamWebShopEnv
 
-                self._envs[mode] = UpstreamWebShopEnv(cfg)
-        return self._envs[mode]
+                self._envs[key] = UpstreamWebShopEnv(cfg)
+        return self._envs[key]
 
 
 def _compare(
@@ -133,6 +146,8 @@ def _check_transcript(row: dict[str, Any], where: str) -> None:
         ranking = step.get("search_ranking", [])
         if not isinstance(ranking, list) or not all(isinstance(a, str) for a in ranking):
             raise ValueError(f"{where}: step {index} search_ranking must be a list of asins")
+    if not isinstance(row.get("env_kwargs", {}), dict):
+        raise TypeError(f"{where}: env_kwargs must be an object of WebShop options, got {row['env_kwargs']!r}")
 
 
 def replay(*, backend: str, data_path: Path, transcripts: Path, env_meta: Path | None = None) -> ReplayReport:
@@ -141,10 +156,14 @@ def replay(*, backend: str, data_path: Path, transcripts: Path, env_meta: Path |
     backends = _Backends(backend, Path(data_path), meta, _REPLAY_MAX_STEPS)
     report = ReplayReport()
     for number, row in _read_jsonl(transcripts, "transcript"):
-        _check_transcript(row, f"{transcripts}:{number}")
+        where = f"{transcripts}:{number}"
+        _check_transcript(row, where)
         mode, session, steps = row["goal_mode"], row["session"], row["steps"]
         episode = f"{mode}/{session}"
-        env = backends.env(mode)
+        try:
+            env = backends.env(mode, row.get("env_kwargs"), f"{where}: env_kwargs")
+        except CatalogueError as err:  # a pinned goal the engine cannot use
+            raise ValueError(f"{env_meta}: {err}") from err
         try:
             obs, _ = env.reset(options={"session": session, "goal_mode": mode})
         except ValueError as err:  # a goal index the catalogue does not have
@@ -208,13 +227,15 @@ def _mixed_action(env: Any, rng: random.Random, goal: dict[str, Any] | None) -> 
 
 
 def record(
-    *, backend: str, data_path: Path, out: Path, episodes: int, seed: int, max_steps: int | None
+    *, backend: str, data_path: Path, out: Path, episodes: int, seed: int, max_steps: int | None,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> int:
-    """Record `episodes` transcripts (goal_mode from each line: synthetic) plus `<out>.meta.json`."""
+    """Record `episodes` transcripts (goal_mode from each line: synthetic) plus `<out>.meta.json`;
+    `env_kwargs` (upstream options) are applied and written on every line."""
     mode = "synthetic"
     limit = max_steps or 15
     backends = _Backends(backend, Path(data_path), {}, limit)
-    env = backends.env(mode)
+    env = backends.env(mode, env_kwargs, "--env-kwargs")
     rng = random.Random(seed)
     if backend == "embedded":
         catalogue = env.catalogue(mode)
@@ -251,7 +272,8 @@ def record(
             steps.append(step)
             if terminated or truncated:
                 break
-        lines.append(json.dumps({"goal_mode": mode, "session": session, "steps": steps}))
+        line = {"goal_mode": mode, "session": session, "steps": steps}
+        lines.append(json.dumps({**line, "env_kwargs": env_kwargs} if env_kwargs else line))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

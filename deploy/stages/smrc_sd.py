@@ -10,6 +10,12 @@ exact response ids under each teacher prompt and adds the routed distillation lo
 | routing_only  | matched turns                           | full_reference                         |
 | context_only  | every turn                              | full_reference, state_summary, candidate_action (where matched) |
 | random_turn   | as many turns as routing would pick, uniformly at random | full_reference        |
+| skill_sd      | every turn (with a skill)               | skill (Skill-SD loss: rkl)             |
+| sdar          | every turn (with a skill)               | skill (SDAR loss: sigmoid-gated)       |
+
+skill_sd / sdar (the SMRC-SD paper's skill-teacher baselines): the teacher sees a skill condensed
+from earlier experience of the task (`routing.skills`: the reference's workflow plus the actions
+the env rejected in the group's other failed attempts) instead of a reference block; no routing.
 
 `method.context_parts` overrides the parts (the paper's "candidate only" / "state summary only"
 ablations). A trajectory with no reference (no other success of its task in the group or the
@@ -36,10 +42,12 @@ from rollout_workers.turn_messages import recorded_turn_message
 from rollout_workers.types import Trajectory
 from routing.matching import RouteTrace, route
 from routing.reference import SuccessBuffer, select_references
+from routing.skills import build_skill_context, collect_mistakes, condense_workflow
 from routing.teacher_context import ContextPart, build_teacher_context
 from routing.types import RouteDecision
 
-MethodName = Literal["grpo", "fullpath_sd", "smrc_sd", "routing_only", "context_only", "random_turn"]
+MethodName = Literal["grpo", "fullpath_sd", "smrc_sd", "routing_only", "context_only", "random_turn", "skill_sd",
+                     "sdar"]
 TurnRule = Literal["all", "matched", "random"]
 
 RULES: dict[str, tuple[TurnRule, frozenset[ContextPart]]] = {
@@ -48,7 +56,21 @@ RULES: dict[str, tuple[TurnRule, frozenset[ContextPart]]] = {
     "routing_only": ("matched", frozenset({"full_reference"})),
     "context_only": ("all", frozenset({"full_reference", "state_summary", "candidate_action"})),
     "random_turn": ("random", frozenset({"full_reference"})),
+    "skill_sd": ("all", frozenset()),
+    "sdar": ("all", frozenset()),
 }
+SKILL_METHODS = frozenset({"skill_sd", "sdar"})
+"""Methods whose teacher sees a condensed skill (`routing.skills`) instead of reference parts."""
+
+
+def skill_block(ep: Episode, ref: Episode, group: Sequence[Episode], *, max_chars: int) -> str:
+    """The skill teacher block of `ep`: the workflow of its reference `ref` and the actions the env
+    rejected in the group's failed trajectories other than `ep` itself."""
+    def steps(e: Episode) -> list[tuple[str, bool]]:
+        return [(t.env_action, t.action_valid) for t in e.traj.turns]
+
+    failed = [steps(o) for o in group if not o.success and o.traj_id != ep.traj_id]
+    return build_skill_context(condense_workflow(steps(ref)), collect_mistakes(failed), max_chars=max_chars)
 
 
 def with_references(trajectories: Sequence[Trajectory], buffer: SuccessBuffer) -> Iterator[tuple[Episode, Episode | None]]:
@@ -90,6 +112,7 @@ class TeacherRouter:
     def __init__(self, *, method: MethodName, matcher: str, parts: frozenset[ContextPart] | None,
                  audit_matchers: Sequence[str], rollout: RolloutConfig, tokenizer, max_chars: int, seed: int):
         self.rule, default_parts = RULES[method]
+        self.skill = method in SKILL_METHODS
         self.parts = parts if parts is not None else default_parts
         self.matcher, self.audit = matcher, tuple(dict.fromkeys([matcher, *audit_matchers]))
         self.rollout, self.tokenizer, self.max_chars, self.seed = rollout, tokenizer, max_chars, seed
@@ -110,6 +133,10 @@ class TeacherRouter:
         rng = random.Random(self.seed * 1_000_003 + step)
         result, counts = RoutingResult(), {f"route/coverage_{m}": 0 for m in self.audit}
         with_reference = total_turns = 0
+        groups: dict[str, list[Episode]] = {}
+        for traj in trajectories if self.skill else ():
+            if traj.turns:
+                groups.setdefault(traj.group_id, []).append(Episode(traj))
         for ep, ref in with_references(trajectories, self.buffer):
             total_turns += len(ep.traj.turns)
             if ref is None:
@@ -119,6 +146,11 @@ class TeacherRouter:
             decisions = {m: route(m, student, reference) for m in self.audit}
             for m, ds in decisions.items():
                 counts[f"route/coverage_{m}"] += sum(d.matched for d in ds)
+            if self.skill:
+                block = skill_block(ep, ref, groups[ep.group_id], max_chars=self.max_chars)
+                for t in range(len(ep.traj.turns)):
+                    result.teacher_prompts[(ep.traj_id, t)] = self._render(ep, t, block)
+                continue
             for t in choose_turns(self.rule, decisions[self.matcher], rng):
                 result.teacher_prompts[(ep.traj_id, t)] = self._teacher_prompt(ep, t, ref, decisions[self.matcher][t], student)
         n = max(total_turns, 1)
@@ -132,6 +164,9 @@ class TeacherRouter:
             parts=self.parts, reference_observations=ref.shown_observations(), reference_actions=ref.actions,
             state_fields=ep.state_fields(t, student), candidate_action=decision.candidate_action,
             max_chars=self.max_chars)
+        return self._render(ep, t, block)
+
+    def _render(self, ep: Episode, t: int, block: str) -> list[int]:
         message = recorded_turn_message(ep.traj, t, self.rollout, skill_text=ep.traj.skill_text,
                                         teacher_context=block or None)
         return render_prompt_ids(self.tokenizer, message)

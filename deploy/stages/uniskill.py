@@ -85,6 +85,16 @@ class ProposalRecord(BaseModel):
     orig_text: str | None = None
     orig_skill_id: str | None = None
     warmup: bool = False
+    source_id: str | None = None
+    """The trajectory the proposer saw (its opposite-outcome reference is `reference_id`)."""
+    reference_id: str | None = None
+    plus_id: str | None = None
+    """R_align's success anchor tau+ (a trajectory id of the step's archive)."""
+    minus_id: str | None = None
+    """R_align's failure anchor tau-."""
+    coverage_plus: float | None = None
+    """Scorable-turn coverage |S_tau| / T_tau of tau+ as the learner measured it (None: not scored)."""
+    coverage_minus: float | None = None
     r_align: float | None = None
     delta_plus: float | None = None
     delta_minus: float | None = None
@@ -114,6 +124,10 @@ def proposal_records(batch: ProposalBatch, scores: Sequence[ProposalScore],
         out.append(ProposalRecord(
             step=batch.step, candidate_id=cid, task=trajs[p.candidate.source_id].task, task_type=p.task_type,
             op=q.op if q.ok else None, text=q.skill_text, warmup=batch.warmup,
+            source_id=p.candidate.source_id, reference_id=p.candidate.reference_id,
+            plus_id=p.candidate.plus_id, minus_id=p.candidate.minus_id,
+            coverage_plus=s.coverage_plus if s and not batch.warmup else None,
+            coverage_minus=s.coverage_minus if s and not batch.warmup else None,
             orig_text=trajs[p.candidate.plus_id].skill_text,
             orig_skill_id=p.skill.skill_id if p.skill is not None else None,
             r_align=s.r_align if s else None, delta_plus=s.delta_plus if s else None,

@@ -97,10 +97,45 @@ class Catalogue:
         if unknown:
             raise ValueError(f"env meta prices name asins missing from the catalogue: {sorted(unknown)[:5]}")
         prices.update({a: float(p) for a, p in meta.get("product_prices", {}).items()})
-        goals = [dict(g) for g in meta["goals"]] if "goals" in meta else self.goals
+        goals = [self._complete_goal(i, g) for i, g in enumerate(meta["goals"])] if "goals" in meta else self.goals
         pinned = replace(self, prices=prices, goals=goals)
         pinned._search = self._search
         return pinned
+
+    def _complete_goal(self, index: int, goal: Any) -> dict[str, Any]:
+        """A pinned goal with the product fields it lacks (GOAL_PRODUCT_FIELDS) taken from its asin's
+        product, as upstream's get_goals derives them; a CatalogueError naming the goal and the field
+        when a field cannot be completed (no asin, an asin not in the catalogue, a goal-only field)."""
+        where = f"env meta {self.goal_mode} goal {index}"
+        if not isinstance(goal, dict):
+            raise CatalogueError(f"{where}: expected a goal object, got {type(goal).__name__}")
+        goal = dict(goal)
+        missing = [k for k in (*GOAL_FIELDS, *GOAL_PRODUCT_FIELDS) if k not in goal]
+        if not missing:
+            return goal
+        label = f"{where} (asin {goal.get('asin')!r})"
+        lacking = [k for k in missing if k not in GOAL_PRODUCT_FIELDS]
+        if lacking:
+            raise CatalogueError(f"{label} lacks {', '.join(repr(k) for k in lacking)}, which the engine needs and "
+                                 "only the goal can give; record it in the env meta")
+        product = self.by_asin.get(str(goal["asin"]))
+        if product is None:
+            raise CatalogueError(f"{label} lacks {', '.join(repr(k) for k in missing)} and its asin is not in the "
+                                 "catalogue to complete them from; record them in the env meta")
+        for key in missing:
+            source = "Title" if key == "name" and self.goal_mode == "synthetic" else key
+            if source not in product:
+                raise CatalogueError(f"{label} lacks {key!r} and product {goal['asin']} has no {source!r} to "
+                                     "complete it from; record it in the env meta")
+            goal[key] = product[source]
+        return goal
+
+
+GOAL_FIELDS = ("asin", "instruction_text", "attributes", "goal_options", "price_upper")
+"""Goal keys the embedded engine reads that only the goal itself holds."""
+GOAL_PRODUCT_FIELDS = ("category", "query", "name", "product_category")
+"""Goal keys upstream copies from the goal's product (synthetic goals: name = the product's Title);
+a pinned goal without them is completed from the catalogue by asin."""
 
 
 def find_file(data_path: Path, names: tuple[str, ...]) -> Path:

@@ -6,6 +6,8 @@
   an invalid action leaves page and session unchanged; `click[buy now]` ends the episode with the
   purchase score; reward = reward_scale when score >= webshop_success_score (upstream success:
   exactly 1.0), else 0; the `max_steps`-th step without a purchase is truncated;
+- options of upstream's WebAgentTextEnv (EnvConfig.webshop_show_attrs / _num_prev_obs /
+  _num_prev_actions) behave as upstream: an Attributes sub-page, earlier pages/actions in the state;
 - info: admissible_commands (search[<your query>] first when the search bar is shown, then
   click[x] per clickable), won, score (raw score, 0 until bought), task_id, task_type, step,
   action_valid;
@@ -48,6 +50,8 @@ class WebShopEnv(gymnasium.Env[str, str]):
         self._steps = 0
         self._done = True
         self.last_step: StepResult | None = None
+        self._prev_obs: list[str] = []
+        self._prev_actions: list[str] = []
 
     def catalogue(self, goal_mode: GoalMode | None = None) -> Catalogue:
         mode = goal_mode or self.cfg.webshop_goal_mode
@@ -80,9 +84,10 @@ class WebShopEnv(gymnasium.Env[str, str]):
                 f"task {task.task_id!r} ({task.instruction!r}) is goal {goal['instruction_text']!r} here: "
                 "the TaskSpec was made from another catalogue (data_path / seed / num_products)"
             )
-        self._session = Session(catalogue, goal)
+        self._session = Session(catalogue, goal, show_attrs=self.cfg.webshop_show_attrs)
         self._task_id, self._task_type = task_id(mode, index), task_type(goal)
         self._steps, self._done, self.last_step = 0, False, None
+        self._prev_obs, self._prev_actions = [self._session.observation], []
         return self._session.observation, self._info(won=False, score=0.0, valid=True)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -96,7 +101,22 @@ class WebShopEnv(gymnasium.Env[str, str]):
         truncated = not result.done and self._steps >= self.cfg.max_steps
         self._done = result.done or truncated
         reward = self.cfg.reward_scale if won else 0.0
-        return result.observation, reward, result.done, truncated, self._info(won, result.score, result.valid)
+        return self._state(action, result.observation), reward, result.done, truncated, self._info(
+            won, result.score, result.valid)
+
+    def _state(self, action: str, observation: str) -> str:
+        """Upstream's step state: the page, preceded by up to num_prev_actions actions (this one
+        included) and num_prev_obs earlier pages, interleaved newest first, ' [SEP] '-joined oldest first."""
+        self._prev_actions.append(action)
+        parts = [observation]
+        n_obs, n_act = self.cfg.webshop_num_prev_obs, self.cfg.webshop_num_prev_actions
+        for i in range(1, 1 + max(n_obs, n_act)):
+            if len(self._prev_actions) >= i and n_act >= i:
+                parts.append(self._prev_actions[-i])
+            if len(self._prev_obs) >= i and n_obs >= i:
+                parts.append(self._prev_obs[-i])
+        self._prev_obs.append(observation)
+        return " [SEP] ".join(reversed(parts))
 
     def expert_action(self) -> str:
         """The scripted shopper's next action (it knows the goal asin and options)."""

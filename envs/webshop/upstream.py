@@ -52,6 +52,7 @@ class UpstreamWebShopEnv(gymnasium.Env[str, str]):
             "observation_mode": "text",
             "num_products": None,
             "human_goals": cfg.webshop_goal_mode == "human",
+            **cfg.webshop_env_kwargs(),
         }
         if cfg.data_path is not None:
             root = Path(cfg.data_path).expanduser()

@@ -40,6 +40,10 @@ class Engine(Protocol):
         """Load new weights (an HF safetensors directory) in place; the tokenizer is unchanged."""
         ...
 
+    # Collective weight sync (`sync.method: broadcast`, weightsync/): both engines implement
+    # `weight_group_ranks` (members it contributes), `join_weight_group(spec, base_rank)`,
+    # `receive_weights() -> tensors loaded` and `leave_weight_group()`.
+
 
 _MASK63 = (1 << 63) - 1
 

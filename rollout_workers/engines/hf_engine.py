@@ -21,6 +21,8 @@ from rollout_workers.engines.constraint import (
     token_bytes_table,
 )
 from rollout_workers.types import Generation
+from weightsync.group import GroupSpec, WeightGroup
+from weightsync.protocol import receive_weights
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -87,6 +89,38 @@ class HFEngine:
 
     def reload_weights(self, path: str) -> None:
         self.model = self._load(path)
+
+    weight_group_ranks = 1
+    """Members this engine contributes to the weight-sync group (it is one process)."""
+
+    def join_weight_group(self, spec: GroupSpec, base_rank: int) -> None:
+        """Join `spec`'s group as `base_rank` (blocks until every member joined)."""
+        self.leave_weight_group()
+        self._group = WeightGroup(spec, base_rank, device=self.device if self.device.type == "cuda" else None)
+
+    @torch.no_grad()
+    def receive_weights(self) -> int:
+        """Copy one broadcast set of weights into the model in place (collective with the sender);
+        a tied lm_head shares the embedding's parameter and is updated with it."""
+        group = getattr(self, "_group", None)
+        if group is None:
+            raise RuntimeError("receive_weights before join_weight_group")
+        params = dict(self.model.named_parameters())
+        count = 0
+        for bucket in receive_weights(group):
+            for name, tensor in bucket:
+                if name not in params:
+                    raise KeyError(f"weight sync sent {name!r}, which this model does not have")
+                params[name].copy_(tensor)
+                count += 1
+        if count != len(params):
+            raise RuntimeError(f"weight sync loaded {count} of the model's {len(params)} parameters")
+        return count
+
+    def leave_weight_group(self) -> None:
+        group, self._group = getattr(self, "_group", None), None
+        if group is not None:
+            group.close()
 
     @torch.inference_mode()
     def generate(

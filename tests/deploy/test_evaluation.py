@@ -65,3 +65,25 @@ def test_rollout_metrics_and_repetition():
     m = rollout_metrics([_traj("a", "pick", True, n_turns=2), _traj("b", "pick", False, n_turns=4)])
     assert m["success_rate"] == 0.5 and m["reward_mean"] == 5.0
     assert m["episode_len_mean"] == 3.0 and m["response_len_mean"] == 6.0
+
+
+def test_eval_records_response_length_and_repeated_4gram_ratio_by_hand():
+    task = TaskSpec(env="alfworld", task_id="a", task_type="pick", split="valid_seen", instruction="i", seed=0)
+
+    def turn(ids):
+        return Turn(prompt_ids=(1,), response_ids=tuple(ids), sampler_logprobs=(-0.1,) * len(ids),
+                    response_text="t", action="look", action_valid=True, observation="o", next_observation="o2")
+
+    # (3,4,3,4,3,4): 4-grams 3434, 4343, 3434 -> 1 of 3 repeats an earlier one; (5,6,7,8,9): 2 distinct;
+    # (1,2): no 4-gram -> 0. Mean length (6 + 5 + 2) / 3; mean ratio (1/3 + 0 + 0) / 3.
+    t1 = Trajectory(task=task, group_id="a", traj_id="a0", turns=(turn([3, 4, 3, 4, 3, 4]), turn([5, 6, 7, 8, 9])),
+                    success=True, score=10.0, policy_version=1, end_reason="won")
+    t2 = Trajectory(task=task, group_id="a", traj_id="a1", turns=(turn([1, 2]),), success=False, score=0.0,
+                    policy_version=1, end_reason="step_limit")
+    r = summarize_eval([t1, t2], label="x", split="valid_seen", k=2, temperature=0.4)
+    assert r.response_len_mean == pytest.approx(13 / 3)
+    assert r.rep4gram_ratio == pytest.approx((1 / 3) / 3)
+    assert r.split == "valid_seen"
+    # the same definition as the per-step rollout metric
+    m = rollout_metrics([t1, t2])
+    assert (m["response_len_mean"], m["rep4gram_ratio"]) == pytest.approx((r.response_len_mean, r.rep4gram_ratio))

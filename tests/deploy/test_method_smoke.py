@@ -23,12 +23,14 @@ def _distilling(config: Path) -> bool:
     from deploy.config_loading import load_config
 
     cfg = load_config(config)
-    return cfg.method.name != "grpo" and not cfg.uniskill.enabled  # UniSkill + SMRC-SD: test_uniskill_smoke
+    # UniSkill + SMRC-SD: test_uniskill_smoke; WebShop rows: test_methods_webshop (the warm model is ALFWorld's)
+    return cfg.method.name != "grpo" and not cfg.uniskill.enabled and cfg.env.name == "alfworld"
 
 
 # one per distilling method row + ablations (UniSkill and environment smoke configs have their own tests)
 CONFIGS = [c for c in sorted((ROOT / "deploy" / "configs").glob("smoke_cpu_*.yaml")) if _distilling(c)]
 SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_smrc_sd.yaml"
+GIGPO = ROOT / "deploy" / "configs" / "smoke_cpu_gigpo.yaml"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
@@ -83,6 +85,7 @@ def _with_reference(trajectories: list[dict]) -> list[dict]:
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_method_config_routes_turns(config, runs):
     from deploy.config_loading import load_config
+    from deploy.config_sections import SKILL_METHOD_SD_FORM
     from deploy.stages.smrc_sd import RULES
 
     expected = load_config(config).method
@@ -99,7 +102,7 @@ def test_method_config_routes_turns(config, runs):
     assert step["route/turns_with_reference"] == pytest.approx(with_reference / total)
     assert matched >= len(referenced)  # at least turn 0: the reference started in the same state
     rule = RULES[expected.name][0]
-    if rule == "all":  # fullpath_sd, context_only: every turn of a trajectory with a reference
+    if rule == "all":  # fullpath_sd, context_only, skill_sd, sdar: every turn of a trajectory with a reference
         assert routed == with_reference
         routed_tokens = sum(len(turn["response_ids"]) for t in referenced for turn in t["turns"])
         assert step["sd/teacher_tokens"] == routed_tokens
@@ -109,7 +112,9 @@ def test_method_config_routes_turns(config, runs):
 
     # the learner scored every routed row under its teacher prompt and added a nonzero SD loss
     assert step["sd/match_rate"] == pytest.approx(routed / total, rel=1e-5)
-    assert step["loss/sd"] > 0
+    form = SKILL_METHOD_SD_FORM.get(expected.name, "rkl")  # Skill-SD / SDAR select their loss form
+    assert run.config["learner"]["sd"]["form"] == form
+    assert step["loss/sd"] > 0 if form == "rkl" else step["loss/sd"] != 0  # the gated form has either sign
     kl_coef = run.config["learner"]["kl_coef"]
     assert run.config["learner"]["entropy_coeff"] == 0.0
     assert step["loss/total"] == pytest.approx(step["loss/pg"] + kl_coef * step["loss/kl"] + step["loss/sd"], rel=1e-5)
@@ -133,3 +138,27 @@ def test_sd_loss_changes_the_update(runs):
     with_sd, without = sd.weights(), plain.weights()
     assert with_sd.keys() == without.keys()
     assert any(not (with_sd[k] == without[k]).all() for k in with_sd), "the SD loss did not change the update"
+
+
+def test_gigpo_config_trains_with_gigpo_advantages(runs):
+    """smoke_cpu_gigpo.yaml samples the same step as plain GRPO (same seeds and env) and logs the
+    mean |advantage| GiGPO gives those episodes (anchor states: the observations the turns acted on)."""
+    gigpo, plain = runs(GIGPO), runs(SMRC_SD, "method.name=grpo", "learner.sd.coef=0")
+    assert gigpo.config["learner"]["adv_estimator"] == "gigpo" and gigpo.sampled_ids() == plain.sampled_ids()
+    want, grpo = expected_advantages(gigpo.trajectories, gigpo.config["learner"])
+    assert gigpo.step["advantage_abs_mean"] == pytest.approx(float(want.abs().mean()), rel=1e-5)
+    assert plain.step["advantage_abs_mean"] == pytest.approx(float(grpo.abs().mean()), rel=1e-5)
+    assert gigpo.step["advantage_abs_mean"] != pytest.approx(plain.step["advantage_abs_mean"], rel=1e-3)
+
+
+def expected_advantages(trajectories: list[dict], learner: dict):
+    """(GiGPO, GRPO) advantages of an archived step's rows, from the archive alone."""
+    from learner.actor import row_advantages
+    from learner.batch import collate_rows, rows_from_trajectories
+    from learner.config import LearnerConfig
+    from rollout_workers.types import Trajectory
+
+    played = [t for t in (Trajectory.model_validate(x) for x in trajectories) if not t.infrastructure_failure]
+    cfg = LearnerConfig.model_validate(learner)
+    batch = collate_rows(rows_from_trajectories(played, gamma=cfg.gigpo_gamma), pad_token_id=0)
+    return row_advantages(cfg, batch), row_advantages(cfg.model_copy(update={"adv_estimator": "grpo"}), batch)

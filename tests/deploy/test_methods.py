@@ -81,7 +81,7 @@ def test_choose_turns_rules():
     assert choose_turns("matched", d, rng) == [0, 2]
     picked = choose_turns("random", d, rng)
     assert len(picked) == 2 and len(set(picked)) == 2
-    assert set(RULES) == {"fullpath_sd", "smrc_sd", "routing_only", "context_only", "random_turn"}
+    assert set(RULES) == {"fullpath_sd", "smrc_sd", "routing_only", "context_only", "random_turn", "skill_sd", "sdar"}
 
 
 def test_success_buffer_survives_a_checkpoint(episodes, tmp_path):
@@ -118,3 +118,83 @@ def test_buffer_from_an_archived_run_with_retired_keys_loads(episodes, tmp_path)
     router = _router(tok)
     router.load(tmp_path / "router_buffer.jsonl")
     assert [e.traj for e in router.buffer.items()] == [success]
+
+
+@pytest.mark.parametrize("method", ["skill_sd", "sdar"])
+def test_skill_methods_show_a_condensed_skill_on_every_turn(episodes, method):
+    """Skill-SD / SDAR: every turn of a trajectory with a reference gets a teacher; the block is the
+    reference's condensed workflow and the rejected actions of the group's other failures (never the
+    row's own), inserted before the observation, with no reference steps, state summary or candidate."""
+    from routing.skills import SKILL_HEADER, build_skill_context, collect_mistakes, condense_workflow
+    from routing.teacher_context import CANDIDATE_PREFIX, STATE_PREFIX
+
+    trajs, tok = episodes
+    result = _router(tok, method=method)(trajs, step=1)
+    fullpath = _router(tok, method="fullpath_sd")(trajs, step=1)
+    assert set(result.teacher_prompts) == set(fullpath.teacher_prompts) and result.teacher_prompts
+    for (traj_id, t), ids in result.teacher_prompts.items():
+        traj = next(x for x in trajs if x.traj_id == traj_id)
+        ref = next(x for x in trajs if x.success and x.group_id == traj.group_id)
+        others = [x for x in trajs if x.group_id == traj.group_id and not x.success and x.traj_id != traj_id]
+        block = build_skill_context(
+            condense_workflow([(u.env_action, u.action_valid) for u in ref.turns]),
+            collect_mistakes([[(u.env_action, u.action_valid) for u in o.turns] for o in others]), max_chars=4000)
+        text = tok.decode(ids)
+        assert SKILL_HEADER in text and block.strip() in text
+        assert "Reference step" not in text and STATE_PREFIX not in text and CANDIDATE_PREFIX not in text
+        student = list(traj.turns[t].prompt_ids)
+        assert ids[-3:] == student[-3:] and len(ids) > len(student)
+    # the teacher block is the same on every turn of a trajectory (no state matching)
+    by_traj: dict[str, set[str]] = {}
+    for (traj_id, t), ids in result.teacher_prompts.items():
+        text = tok.decode(ids)
+        by_traj.setdefault(traj_id, set()).add(text[text.index(SKILL_HEADER):text.index("[End of training-only")])
+    assert all(len(blocks) == 1 for blocks in by_traj.values())
+
+
+def test_skill_methods_select_their_loss_form_and_validate():
+    from pathlib import Path
+
+    from deploy.config_loading import ConfigError, load_config
+
+    configs = Path(__file__).resolve().parents[2] / "deploy" / "configs"
+    for method, form in (("skill_sd", "rkl"), ("sdar", "sdar")):
+        for name in (f"smoke_cpu_{method}.yaml", f"alfworld_{method}_gpu.yaml"):
+            cfg = load_config(configs / name)
+            assert (cfg.method.name, cfg.learner.sd.form, cfg.learner.sd.coef) == (method, form, 0.1)
+            assert cfg.learner.sd.sdar_beta == 5.0
+        # the same config switched to a reference method keeps the user's (default) form
+        assert load_config(configs / f"smoke_cpu_{method}.yaml", ["method.name=fullpath_sd"]).learner.sd.form == "rkl"
+    with pytest.raises(ConfigError, match="learner.sd.form='rkl' contradicts method.name='sdar'"):
+        load_config(configs / "smoke_cpu_sdar.yaml", ["learner.sd.form=rkl"])
+    with pytest.raises(ConfigError, match="method.context_parts.*remove method.context_parts"):
+        load_config(configs / "smoke_cpu_skill_sd.yaml", ["method.context_parts=[full_reference]"])
+    with pytest.raises(ConfigError, match="learner.sd.coef > 0"):
+        load_config(configs / "smoke_cpu_skill_sd.yaml", ["learner.sd.coef=0"])
+
+
+def test_each_skill_method_builds_its_loss_hand_computed():
+    """The learner's "sd" hook built from each shipped config computes that method's per-token term:
+    one row, two tokens, logp = old = (-1, -2), teacher = (-0.5, -3), all matched, lambda 0.1.
+    Skill-SD: d = (-0.5, 1), k3 = e^-d - 1 + d = (0.148721, 0.367879), w = 1 -> mean 0.258300.
+    SDAR: g = sigmoid(5 * (teacher - logp)) = (0.924142, 0.006693), g * (teacher - logp) =
+    (0.462071, -0.006693) -> mean 0.227689."""
+    from pathlib import Path
+
+    import torch
+
+    from deploy.config_loading import load_config
+    from learner.batch import collate_rows
+    from learner.teacher_pass import build_sd_loss
+    from learner.types import MicroBatchView, TrainRow
+
+    configs = Path(__file__).resolve().parents[2] / "deploy" / "configs"
+    row = TrainRow(prompt_ids=(1, 2), response_ids=(3, 4), sampler_logprobs=(-1.0, -2.0), group_id="g",
+                   traj_id="t", step_idx=0, episode_score=0.0, action_valid=True)
+    batch = collate_rows([row], pad_token_id=0)
+    logp, teacher = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-0.5, -3.0]])
+    for method, mean in (("skill_sd", 0.258300), ("sdar", 0.227689)):
+        hook = build_sd_loss(load_config(configs / f"smoke_cpu_{method}.yaml").learner.sd)
+        hook.set_teacher(teacher, torch.tensor([True]))
+        view = MicroBatchView(batch, logp, logp.clone(), torch.zeros(1, 2), torch.ones(1), 2.0, 2.0)
+        assert float(hook(view)) == pytest.approx(0.1 * mean, abs=1e-6)

@@ -171,3 +171,101 @@ def test_generate_webshop_cli(tmp_path):
     )
     assert result.exit_code == 0 and "items_shuffle.json" in result.output
     assert len(read_raw(tmp_path).products) == 12
+
+
+# --- env options per episode and pinned goals (issue 13 item 9) -------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded_with_options(recorded, tmp_path_factory) -> Path:
+    data, _ = recorded
+    out = tmp_path_factory.mktemp("options") / "attrs.jsonl"
+    options = {"show_attrs": True, "num_prev_actions": 1}
+    assert record(backend="embedded", data_path=data, out=out, episodes=6, seed=3, max_steps=None,
+                  env_kwargs=options) == 6
+    return out
+
+
+def test_episode_env_kwargs_are_replayed(recorded, recorded_with_options, tmp_path):
+    data, plain = recorded
+    episodes = _lines(recorded_with_options)
+    assert all(e["env_kwargs"] == {"show_attrs": True, "num_prev_actions": 1} for e in episodes)
+    assert any("[SEP] Attributes [SEP]" in s["observation"] for e in episodes for s in e["steps"])
+    meta = recorded_with_options.with_suffix(".meta.json")
+    # one file mixing episodes with and without options: each is replayed under its own
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(recorded_with_options.read_text() + plain.read_text())
+    report = replay(backend="embedded", data_path=data, transcripts=mixed, env_meta=meta)
+    assert report.identical_steps == report.total_steps and not report.mismatches
+    # without its env_kwargs the same episode differs from the first action on (the action prefix)
+    stripped = tmp_path / "stripped.jsonl"
+    stripped.write_text("".join(json.dumps({k: v for k, v in e.items() if k != "env_kwargs"}) + "\n" for e in episodes))
+    report = replay(backend="embedded", data_path=data, transcripts=stripped, env_meta=meta)
+    assert {m.step for m in report.mismatches if m.field == "observation"} >= {1}
+    assert report.identical_steps == len(episodes)  # only the resets still match
+
+
+def test_bad_env_kwargs_are_named(recorded, tmp_path):
+    data, transcripts = recorded
+    episode = _lines(transcripts)[0]
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({**episode, "env_kwargs": {"show_atrs": True}}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: env_kwargs: unknown WebShop option\(s\) \['show_atrs'\]"):
+        replay(backend="embedded", data_path=data, transcripts=path)
+    result = CliRunner().invoke(app, ["env", "replay", "--env", "webshop", "--data-path", str(data),
+                                      "--transcripts", str(path)])
+    assert result.exit_code == 2 and "show_atrs" in result.output and "Traceback" not in result.output
+
+
+def test_cli_records_with_env_kwargs(recorded, tmp_path):
+    data, _ = recorded
+    out = tmp_path / "cli.jsonl"
+    args = ["env", "replay", "--env", "webshop", "--data-path", str(data)]
+    result = CliRunner().invoke(app, [*args, "--record", str(out), "--episodes", "2",
+                                      "--env-kwargs", '{"show_attrs": true}'])
+    assert result.exit_code == 0, result.output
+    assert all(e["env_kwargs"] == {"show_attrs": True} for e in _lines(out))
+    result = CliRunner().invoke(app, [*args, "--transcripts", str(out), "--env-meta", str(out.with_suffix(".meta.json"))])
+    assert result.exit_code == 0 and result.output.strip().endswith("identical steps: " + "/".join(
+        [str(sum(len(e["steps"]) for e in _lines(out)))] * 2))
+    bad = CliRunner().invoke(app, [*args, "--record", str(out), "--env-kwargs", "[1]"])
+    assert bad.exit_code == 2 and "--env-kwargs must be a JSON object" in bad.output
+
+
+def _meta_without(meta: Path, tmp_path: Path, index: int, *keys: str, **changes) -> Path:
+    pinned = json.loads(meta.read_text())
+    goal = pinned["synthetic"]["goals"][index]
+    for key in keys:
+        del goal[key]
+    goal.update(changes)
+    out = tmp_path / "meta.json"
+    out.write_text(json.dumps(pinned))
+    return out
+
+
+def test_pinned_goal_is_completed_from_the_catalogue_by_asin(recorded, tmp_path):
+    """upstream's goal carries its product's category, query, name and product_category; a pinned
+    goal without them gets them from the catalogue and replays identically (the reward reads
+    product_category and name, the task type category)."""
+    data, transcripts = recorded
+    episodes = _lines(transcripts)
+    bought = next(e for e in episodes if e["steps"][-1]["done"] and e["steps"][-1]["reward"] > 0)
+    meta = _meta_without(transcripts.with_suffix(".meta.json"), tmp_path, bought["session"],
+                         "product_category", "category", "name", "query")
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(bought) + "\n")
+    report = replay(backend="embedded", data_path=data, transcripts=path, env_meta=meta)
+    assert report.identical_steps == report.total_steps == len(bought["steps"])
+
+
+@pytest.mark.parametrize(("drop", "changes", "message"), [
+    (("attributes",), {}, r"goal 0 \(asin '\w+'\) lacks 'attributes', which the engine needs and only the goal"),
+    (("product_category",), {"asin": "B0NOTHERE"},
+     r"goal 0 \(asin 'B0NOTHERE'\) lacks 'product_category' and its asin is not in the catalogue"),
+    (("asin", "query"), {}, r"goal 0 \(asin None\) lacks 'asin'"),
+])
+def test_pinned_goal_lacking_a_field_is_named(recorded, tmp_path, drop, changes, message):
+    data, transcripts = recorded
+    meta = _meta_without(transcripts.with_suffix(".meta.json"), tmp_path, 0, *drop, **changes)
+    with pytest.raises(ValueError, match=f"meta.json: env meta synthetic {message}"):
+        replay(backend="embedded", data_path=data, transcripts=transcripts, env_meta=meta)

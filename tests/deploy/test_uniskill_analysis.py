@@ -238,6 +238,12 @@ def test_proposal_archive_round_trip(model_dir, tmp_path):
     assert add.task == task and add.task_type == task.task_type
     assert (add.r_align, add.delta_plus, add.delta_minus, add.r_skill, add.reward) == (0.03, 0.05, 0.02, 0.03, 0.13)
     assert (add.verdict_passed, add.decision, add.skill_id) == (True, "accepted", "sk9")
+    # the anchors and their coverage are archived, not recoverable only by replaying the candidate draw
+    ids = [t.traj_id for t in batch.trajectories]
+    assert (add.source_id, add.reference_id, add.plus_id, add.minus_id) == (ids[0], ids[2], ids[1], ids[3])
+    assert (upd.source_id, upd.reference_id, upd.plus_id, upd.minus_id) == (ids[1], ids[3], ids[0], ids[2])
+    assert (add.coverage_plus, add.coverage_minus) == (1.0, 1.0)
+    assert loaded[0].plus_id == ids[1] and loaded[0].coverage_plus is None  # warm-up: anchors, no coverage
     assert (upd.verdict_reason, upd.decision, upd.decision_reason) == ("too vague", "rejected", "not_eligible: critic")
     assert [r.candidate_id for r in rv.eligible(loaded)] == ["c0", "c1"]  # the warm-up ones have no R_align
     assert proposal_records(batch, []) and proposal_records(batch, [])[0].r_align is None
@@ -383,3 +389,37 @@ def test_ralign_vs_rollout_cli_on_local_ray(tmp_path):
     assert sorted(g["candidate_id"] for g in data["gains"]) == ["a", "b", "c"]
     assert all(g["episodes"] == 2 and g["gain"] == g["success_new"] - g["success_orig"] for g in data["gains"])
     assert (run / "analysis" / "ralign_vs_rollout.png").stat().st_size > 0
+
+
+def test_steps_play_each_step_with_the_policy_that_scored_it(tmp_path):
+    """--steps 1,3: step 1's proposals are played with the run's initial model, step 3's with the
+    checkpoint written after step 2; a step whose previous checkpoint is missing is refused."""
+    t1, t2 = eval_tasks(ENV, "valid_unseen", 2)
+    (tmp_path / "config.resolved.json").write_text(json.dumps({"model": {"path": "/models/base"}}))
+    (tmp_path / "checkpoints" / "step_000002" / "hf").mkdir(parents=True)
+    sink = MetricsSink(tmp_path)
+    for step in (1, 3, 5):
+        sink.save_proposals(step, [_record(t1, f"a{step}", "good", None, 0.1, step=step),
+                                   _record(t2, f"b{step}", "bad", None, -0.1, step=step)])
+    sink.close()
+    played = []
+
+    def runner_for(model):
+        def run(tasks, skills, k, seed):
+            played.append((model, sorted(t.task_id for t in tasks)))
+            return [_traj(t, i, "good" in (skills.get(t.task_id) or "")) for t in tasks for i in range(k)]
+        return run
+
+    result = rv.run_ralign_vs_rollout(tmp_path, k=2, steps=[3, 1], runner_for=runner_for)
+    ckpt = str(tmp_path / "checkpoints" / "step_000002" / "hf")
+    assert result.models == {"1": "/models/base", "3": ckpt}
+    assert [m for m, _ in played] == ["/models/base"] * 2 + [ckpt] * 2  # two arms per step
+    assert [(g.step, g.candidate_id, g.gain) for g in result.gains] == [(1, "a1", 1.0), (1, "b1", 0.0),
+                                                                         (3, "a3", 1.0), (3, "b3", 0.0)]
+    assert set(result.by_step) == {"1", "3"}
+    with pytest.raises(ValueError, match=r"checkpoints/step_000004/hf does not exist.*checkpoint_every"):
+        rv.run_ralign_vs_rollout(tmp_path, k=2, steps=[5], runner_for=runner_for)
+    with pytest.raises(ValueError, match="step 2 has no archived"):
+        rv.run_ralign_vs_rollout(tmp_path, k=2, steps=[2], runner_for=runner_for)
+    with pytest.raises(ValueError, match="do not pass --model"):
+        rv.run_ralign_vs_rollout(tmp_path, model_path="/x", steps=[1], runner_for=runner_for)

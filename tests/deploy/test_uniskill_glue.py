@@ -62,19 +62,20 @@ def setup(tmp_path_factory):
 
 
 def test_variant_switches_reach_the_learner_config():
-    for variant, (sees, proposer, r_align, sup, lam) in {
-        "uniskill": (True, True, True, True, 0.5),
-        "actor_only": (True, True, True, True, 0.0),  # same procedure and bank rule, proposer not trained
-        "proposer_only": (False, True, True, True, 0.5),
-        "no_r_align": (True, True, False, True, 0.5),
-        "no_support_reg": (True, True, True, False, 0.5),
+    for variant, (sees, proposer, r_align, sup, train_prop, train_actor) in {
+        "uniskill": (True, True, True, True, True, True),
+        "actor_only": (True, True, True, True, False, True),  # same procedure and bank rule, proposer not trained
+        "proposer_only": (True, True, True, True, True, False),  # the actor acts with skills, untrained
+        "no_r_align": (True, True, False, True, True, True),
+        "no_support_reg": (True, True, True, False, True, True),
     }.items():
         name = "uniskill" if variant == "uniskill" else variant
         cfg = load_config(f"deploy/configs/smoke_cpu_{name}.yaml")
         sw = us.switches(cfg.uniskill)
         assert (sw.actor_sees_skills, sw.proposer) == (sees, proposer)
         p = cfg.learner.proposer
-        assert (p.enabled, p.use_r_align, p.support_regularizer, p.lambda_prop) == (proposer, r_align, sup, lam)
+        assert (p.enabled, p.use_r_align, p.support_regularizer) == (proposer, r_align, sup)
+        assert (p.train_proposer, p.train_actor, p.lambda_prop) == (train_prop, train_actor, 0.5)
         assert cfg.learner.sd.total_steps == cfg.run.total_steps
     both = load_config("deploy/configs/smoke_cpu_uniskill_smrc_sd.yaml")
     assert both.method.name == "smrc_sd" and both.learner.proposer.enabled
@@ -139,7 +140,8 @@ def test_retrieve_and_actor_slot(setup):
     expect_second = seeded if tasks[1].task_type == tasks[0].task_type else None
     assert got == {tasks[0].task_id: seeded, tasks[1].task_id: expect_second}
     assert us.actor_skill_texts(got, CFG)[tasks[0].task_id] == "Seeded advice."
-    assert us.actor_skill_texts(got, CFG.model_copy(update={"variant": "proposer_only"}))[tasks[0].task_id] is None
+    # proposer_only trains the proposer alone; its (untrained) actor still acts with the retrieved skill
+    assert us.actor_skill_texts(got, CFG.model_copy(update={"variant": "proposer_only"}))[tasks[0].task_id] == "Seeded advice."
     off_at_eval = CFG.model_copy(update={"retrieval_at_eval": False})
     assert us.actor_skill_texts(got, off_at_eval)[tasks[0].task_id] == "Seeded advice."
     assert us.actor_skill_texts(got, off_at_eval, evaluation=True)[tasks[0].task_id] is None

@@ -119,7 +119,8 @@ def test_uniskill_variant_runs_a_step(variant, variant_runs):
     assert step["uniskill/proposals"] == step["uniskill/candidates"] == step["uniskill/prop_rows"]
     saved = json.loads((run / "config.resolved.json").read_text())
     assert saved["uniskill"]["variant"] == ("uniskill" if variant == "uniskill_smrc_sd" else variant)
-    assert saved["learner"]["proposer"]["lambda_prop"] == (0.5 if switches.train_proposer else 0.0)
+    assert saved["learner"]["proposer"]["train_proposer"] == switches.train_proposer
+    assert saved["learner"]["proposer"]["train_actor"] == switches.train_actor
     # the support regulariser covers proposals with a decision between >= 2 legal ops, unless switched off
     assert (step["uniskill/prop_support_rows"] > 0) == switches.support_regularizer
     assert step["uniskill/prop_sup_loss"] == 0.0 or step["uniskill/prop_support_rows"] > 0
@@ -130,7 +131,7 @@ def test_uniskill_variant_runs_a_step(variant, variant_runs):
 
 
 def test_proposer_loss_changes_the_update(variant_runs):
-    """actor_only (lambda_prop 0) and no_support_reg (lambda_prop 0.5, c_sup 0) play the same step
+    """actor_only (proposer not trained) and no_support_reg (lambda_prop 0.5, c_sup 0) play the same step
     from the same seeds: the same rollouts and actor loss, differently scored proposals, so
     the proposer's policy gradient alone separates their updates."""
     from safetensors.torch import load_file

@@ -356,3 +356,44 @@ def test_config_defaults_and_errors():
         ProposerLossConfig(coverage_min=1.5)
     with pytest.raises(ValueError, match="lamda_prop"):
         LearnerConfig(proposer={"lamda_prop": 0.5})
+
+
+def test_forced_payload_tokens_leave_the_means():  # S4: tokens the constraint forced (hand-computed)
+    """Payload tokens with a single allowed id have log-prob 0 under s_orig and s~ alike. Kept in
+    the payload mean they shrink every Delta; R_align excludes them, and a turn made only of them
+    counts for coverage but not in J.
+
+    tau+ has 3 turns: A payload (-1, -2, forced, forced) -> s~ (-0.5, -1.5, 0, 0); B wholly forced;
+    C (-0.4) -> (-0.2). tau- has 2 turns: (-1) -> (-1.2); (-0.6, forced) -> (-0.8, 0).
+    Excluded: J+ = mean(-1.5, -0.4) = -0.95 -> mean(-1.0, -0.2) = -0.6, Delta+ = 0.35;
+    J- = mean(-1, -0.6) = -0.8 -> mean(-1.2, -0.8) = -1.0, Delta- = -0.2; R_align = 0.55.
+    Kept (the old rule): Delta+ = mean(-0.5, 0, -0.2) - mean(-0.75, 0, -0.4) = 0.15,
+    Delta- = mean(-1.2, -0.4) - mean(-1, -0.3) = -0.15, R_align = 0.30."""
+    from learner.payload import free_payload_mask
+
+    one, many = (7,), (7, 8)
+    assert free_payload_mask([0, 1, 1, 1, 1, 0], [many, many, many, one, one, one]) == [
+        False, True, True, False, False, False]
+    assert free_payload_mask([1, 0], None) == [True, False]
+    with pytest.raises(ValueError, match="allowed-id entries"):
+        free_payload_mask([1, 1], [many])
+
+    def means(values, forced):
+        logp, payload = _steps(values)
+        free = torch.tensor([[0.0 if f else m for f, m in zip(fs + [False] * 9, row)]
+                             for fs, row in zip(forced, payload.tolist())])
+        return step_payload_means(logp, free)[0]
+
+    plus_o = means([[-1, -2, 0, 0], [-0.4]], [[False, False, True, True], [False]])
+    plus_s = means([[-0.5, -1.5, 0, 0], [-0.2]], [[False, False, True, True], [False]])
+    minus_o = means([[-1], [-0.6, 0]], [[False], [False, True]])
+    minus_s = means([[-1.2], [-0.8, 0]], [[False], [False, True]])
+    out = align_from_step_means(plus_o, plus_s, minus_o, minus_s, plus_turns=3, minus_turns=2, plus_forced=1)
+    assert (out.coverage_plus, out.coverage_minus) == (1.0, 1.0)
+    assert out.delta_plus == pytest.approx(0.35) and out.delta_minus == pytest.approx(-0.2)
+    assert out.r_align == pytest.approx(0.55)
+    kept = _align([-0.75, 0.0, -0.4], [-0.5, 0.0, -0.2], [-1.0, -0.3], [-1.2, -0.4])
+    assert kept.r_align == pytest.approx(0.30) and kept.delta_plus == pytest.approx(0.15)
+    only_forced = align_from_step_means(torch.zeros(0), torch.zeros(0), minus_o, minus_s, plus_turns=2,
+                                        minus_turns=2, plus_forced=2)
+    assert only_forced.r_align is None and only_forced.reason == "plus: every payload token was forced"

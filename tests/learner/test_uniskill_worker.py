@@ -152,17 +152,23 @@ def test_r_align_matches_independent_scoring(tiny_model_dir, tok, micro):
     assert m.extra_metrics["prop_r_align_mean"] == pytest.approx(s.r_align)
 
 
-def test_sampler_mode_reuses_the_sampler_logprobs_for_s_orig(tiny_model_dir, tok):
-    # old_logprobs="sampler": theta_old of the actor rows is the engine's (-1.0 per token here)
+def test_sampler_mode_scores_s_orig_in_the_learner_pass(tiny_model_dir, tok):
+    """old_logprobs="sampler" (theta_old of the actor rows = the engine's, -1.0 per token here):
+    J(s_orig) still comes from the learner pass that scores J(s~), never from the engine, so the
+    sampler mode gives the recompute mode's Delta (a bf16 engine would otherwise bias it)."""
     rows = anchor_rows(tok)
     w = LearnerWorker(cfg(old_logprobs="sampler"), str(tiny_model_dir))
     req = request(tok, rows, "a")
-    swapped = w.score(
-        [rows[a.row_index].model_copy(update={"prompt_ids": a.swapped_prompt_ids}) for a in req.plus]
-    )
-    j_swapped = sum(_payload_mean(v, rows[a.row_index], tok) for v, a in zip(swapped, req.plus)) / 3
+    plus = [rows[a.row_index] for a in req.plus]
+    swapped = w.score([r.model_copy(update={"prompt_ids": a.swapped_prompt_ids}) for r, a in zip(plus, req.plus)])
+    orig = w.score(plus)
+    j_swapped = sum(_payload_mean(v, r, tok) for v, r in zip(swapped, plus)) / 3
+    j_orig = sum(_payload_mean(v, r, tok) for v, r in zip(orig, plus)) / 3
+    assert abs(j_orig - (-1.0)) > 1e-3  # the engine's log-probs differ from the learner's here
     m = w.train_step(rows, [proposal(tok, "a", "add")], [req])
-    assert m.proposal_scores[0].delta_plus == pytest.approx(j_swapped - (-1.0), abs=1e-5)
+    assert m.proposal_scores[0].delta_plus == pytest.approx(j_swapped - j_orig, abs=1e-5)
+    recompute = LearnerWorker(cfg(), str(tiny_model_dir)).train_step(rows, [proposal(tok, "a", "add")], [req])
+    assert m.proposal_scores[0].r_align == pytest.approx(recompute.proposal_scores[0].r_align, abs=1e-6)
 
 
 def test_rewards_gates_and_whitening(tiny_model_dir, tok):
@@ -433,3 +439,48 @@ def test_two_deepspeed_ranks_match_one_torch_rank(
     for key in ("prop_loss", "prop_sup_loss", "prop_kl_loss"):
         assert m_dp["extra_metrics"][key] == pytest.approx(m_single.extra_metrics[key], rel=1e-4, abs=1e-6)
     assert m_dp["loss"] == pytest.approx(m_single.loss, rel=1e-4, abs=1e-6)
+
+
+def test_proposer_only_update_ignores_the_actor_rows(tiny_model_dir, tok, make_rows):
+    """Variant proposer_only (train_actor false): the actor loss is logged but contributes no
+    gradient, so the update depends on the proposals alone: flipping every actor row's outcome
+    (new advantages, a new actor loss) leaves the weights identical, while the full method's
+    update moves with it; with neither role trained nothing moves at all."""
+    rows = anchor_rows(tok) + make_rows()[:6]
+    flipped = [r.model_copy(update={"episode_score": 10.0 - r.episode_score}) for r in rows]
+    props = [proposal(tok, "a", "add"), proposal(tok, "b", "no_edit", r_op=-ETA), proposal(tok, "e", "no_edit")]
+    align = [request(tok, rows, "a")]
+    after = {}
+    for train_actor in (False, True):
+        for name, batch in (("rows", rows), ("flipped", flipped)):
+            w = LearnerWorker(cfg(kl_coef=0.01, entropy_coeff=0.01, proposer={"train_actor": train_actor}),
+                              str(tiny_model_dir))
+            m = w.train_step(batch, props, align)
+            assert m.extra_metrics["prop_valid_rows"] == 3 and m.pg_loss != 0.0  # the actor loss is still logged
+            after[train_actor, name] = (params(w), m)
+    assert max_param_diff(after[False, "rows"][0], after[False, "flipped"][0]) == 0.0
+    assert after[False, "rows"][1].pg_loss != pytest.approx(after[False, "flipped"][1].pg_loss)
+    assert max_param_diff(after[True, "rows"][0], after[True, "flipped"][0]) > 1e-5
+    w = LearnerWorker(cfg(proposer={"train_actor": False}), str(tiny_model_dir))
+    start = params(w)
+    assert max_param_diff(start, after[False, "rows"][0]) > 1e-5  # the proposer alone moves the weights
+    frozen = LearnerWorker(cfg(proposer={"train_actor": False, "train_proposer": False}), str(tiny_model_dir))
+    frozen.train_step(rows, props, align)
+    assert max_param_diff(start, params(frozen)) == 0.0
+
+
+def test_wholly_forced_anchor_turn_counts_for_coverage_not_for_j(tiny_model_dir, tok):
+    """An anchor turn decoded with one allowed id per position (log-prob 0 under any prompt) is
+    covered but left out of J: Delta+ is the mean over the other two turns of tau+."""
+    rows = anchor_rows(tok)
+    rows[0] = rows[0].model_copy(update={"allowed_token_ids": tuple((i,) for i in rows[0].response_ids)})
+    w = LearnerWorker(cfg(), str(tiny_model_dir))
+    req = request(tok, rows, "a")
+    free = [a for a in req.plus if a.row_index != 0]
+    swapped = w.score([rows[a.row_index].model_copy(update={"prompt_ids": a.swapped_prompt_ids}) for a in free])
+    orig = w.score([rows[a.row_index] for a in free])
+    d_plus = sum(_payload_mean(s, rows[a.row_index], tok) - _payload_mean(o, rows[a.row_index], tok)
+                 for s, o, a in zip(swapped, orig, free)) / 2
+    (s,) = w.train_step(rows, [proposal(tok, "a", "add")], [req]).proposal_scores
+    assert s.coverage_plus == 1.0 and s.r_align is not None
+    assert s.delta_plus == pytest.approx(d_plus, abs=1e-5)

@@ -53,8 +53,14 @@ def test_wraps_the_upstream_text_env(tmp_path):
         "observation_mode": "text",
         "num_products": None,
         "human_goals": False,
+        "show_attrs": False,
+        "num_prev_obs": 0,
+        "num_prev_actions": 0,
         "file_path": str(tmp_path / "items_shuffle_1000.json"),
     }
+    shown = EnvConfig(name="webshop", backend="webshop", webshop_show_attrs=True, webshop_num_prev_obs=2)
+    options = UpstreamWebShopEnv(shown, env_cls=FakeTextEnv)._env.kwargs  # the config's options reach upstream
+    assert options["show_attrs"] is True and options["num_prev_obs"] == 2 and options["num_prev_actions"] == 0
     task = TaskSpec(
         env="webshop",
         task_id="synthetic/00042",

@@ -1,0 +1,177 @@
+"""The driver's side of collective weight sync (`sync.method: broadcast`, docs/architecture.md
+"Weight sync"): it builds the weight-sync group (learner rank 0 = rank 0, then every vLLM worker
+of every rollout engine), runs one sync as concurrent calls (every learner rank streams, every
+engine receives), names whoever failed, and optionally verifies the result with a log-prob probe.
+
+The group is built lazily at the first broadcast and rebuilt after anything that replaced one of
+its processes (a restarted rollout worker, a new learner group, a failed broadcast).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deploy.config import TrainConfig
+from learner.types import TrainRow
+from weightsync.group import GroupSpec
+
+log = logging.getLogger(__name__)
+
+PROBE_TEXT = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1."
+"""The fixed probe an engine continues and the learner re-scores (`verify`)."""
+PROBE_TOKENS = 8
+MARGIN_S = 30.0
+"""Added to sync.timeout_s for the driver's own wait (the members time out first, with a message)."""
+
+
+class WeightSyncFailed(RuntimeError):
+    """A broadcast sync (or its verification) failed; the message names the members concerned."""
+
+    def __init__(self, message: str, *, dead: Sequence[str] = ()):
+        super().__init__(message)
+        self.dead = list(dead)
+
+
+def _rendezvous(multi_node: bool) -> tuple[str, int, str | None]:
+    """Runs on learner rank 0's node: (address, free port, FileStore path or None). One node:
+    loopback and a store file (nothing listens on the network; named so the driver's reaper
+    deletes it). Several nodes: this node's address and a port for rank 0's TCPStore."""
+    import os
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    import ray
+
+    from deploy.reaper import RENDEZVOUS_PREFIX, TOKEN_VAR
+
+    host = ray.util.get_node_ip_address() if multi_node else "127.0.0.1"
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port = sock.getsockname()[1]
+    if multi_node:
+        return host, port, None
+    owner = f"{os.environ[TOKEN_VAR]}-" if TOKEN_VAR in os.environ else ""
+    return host, port, str(Path(tempfile.gettempdir()) / f"{RENDEZVOUS_PREFIX}{owner}weights-{uuid.uuid4().hex}")
+
+
+def _wait_all(refs: Sequence[Any], names: Sequence[str], *, timeout_s: float) -> tuple[list, dict[str, str]]:
+    """Every ref's value (None where it failed) and {name: reason} of those that failed or did
+    not answer within timeout_s."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    values: list = [None] * len(refs)
+    failed: dict[str, str] = {}
+    pending = {ref: i for i, ref in enumerate(refs)}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        i = pending.pop(ready[0])
+        try:
+            values[i] = ray.get(ready[0])
+        except RayActorError as err:
+            failed[names[i]] = f"the actor died ({type(err).__name__})"
+        except Exception as err:  # noqa: BLE001 - reported with the member's name
+            text = str(err).strip().splitlines()
+            failed[names[i]] = text[-1] if text else type(err).__name__
+    for i in pending.values():
+        failed[names[i]] = f"no answer within {timeout_s:g}s"
+    return values, failed
+
+
+@dataclass
+class BroadcastSync:
+    cfg: TrainConfig
+    spec: GroupSpec | None = None
+
+    def reset(self) -> None:
+        """Forget the group: the next sync builds a new one (members replace their old one)."""
+        self.spec = None
+
+    def _timeout(self) -> float:
+        return self.cfg.sync.timeout_s + MARGIN_S
+
+    def ensure_group(self, learner0: Any, learner_node_id: str | None, workers: Sequence[Any]) -> GroupSpec:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from deploy.recovery import get_all
+
+        if self.spec is not None:
+            return self.spec
+        counts = get_all([w.weight_group_ranks.remote() for w in workers], timeout_s=self._timeout(),
+                         what="weight-sync group size", knob="sync.timeout_s")
+        members = ["learner_0"]
+        for w, n in enumerate(counts):
+            members += [f"rollout_worker_{w}" + (f"/tp{j}" if n > 1 else "") for j in range(n)]
+        multi_node = sum(1 for node in ray.nodes() if node.get("Alive")) > 1
+        where = {} if learner_node_id is None else {
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(learner_node_id, soft=False)}
+        host, port, store_file = ray.get(ray.remote(_rendezvous).options(num_cpus=0, **where).remote(multi_node),
+                                         timeout=self._timeout())
+        spec = GroupSpec(name=uuid.uuid4().hex, members=tuple(members), timeout_s=self.cfg.sync.timeout_s,
+                         store_file=store_file, host=host, port=port)
+        base = [1 + sum(counts[:w]) for w in range(len(workers))]
+        refs = [learner0.join_weight_group.remote(spec)]
+        refs += [h.join_weight_group.remote(spec, b) for h, b in zip(workers, base)]
+        names = ["learner_0", *(f"rollout_worker_{w}" for w in range(len(workers)))]
+        _, failed = _wait_all(refs, names, timeout_s=self._timeout())
+        if failed:
+            raise WeightSyncFailed(_message("joining the weight-sync group", failed), dead=_dead(failed))
+        self.spec = spec
+        log.info("weight-sync group %s: %d members (%s)", spec.name[:8], spec.world_size,
+                 "file store" if store_file else f"tcp {host}:{port}")
+        return spec
+
+    def sync(self, learners: Sequence[Any], learner_node_id: str | None, workers: Sequence[Any], version: int) -> int:
+        """One broadcast of the current weights as `version`; returns the bytes sent. Raises
+        WeightSyncFailed naming the failed members (the group is then forgotten)."""
+        self.ensure_group(learners[0], learner_node_id, workers)
+        dtype = None if self.cfg.engine.dtype == "auto" else self.cfg.engine.dtype
+        refs = [lw.broadcast_weights.remote(dtype, self.cfg.sync.bucket_mb) for lw in learners]
+        refs += [w.receive_weights.remote(version) for w in workers]
+        names = [*(f"learner_{r}" for r in range(len(learners))), *(f"rollout_worker_{w}" for w in range(len(workers)))]
+        values, failed = _wait_all(refs, names, timeout_s=self._timeout())
+        if failed:
+            self.reset()
+            raise WeightSyncFailed(_message(f"the weight broadcast of version {version}", failed), dead=_dead(failed))
+        return int(values[0])
+
+
+def _dead(failed: dict[str, str]) -> list[str]:
+    return [name for name, why in failed.items() if why.startswith("the actor died")]
+
+
+def _message(what: str, failed: dict[str, str]) -> str:
+    dead = _dead(failed)
+    head = f"{what} failed: " + ("; ".join(f"{n}: {why}" for n, why in failed.items()))
+    return head + (f" (dead: {', '.join(dead)})" if dead else "")
+
+
+def verify_tolerance(cfg: TrainConfig) -> float:
+    """sync.verify_tol, or its default by precision (see the field)."""
+    if cfg.sync.verify_tol is not None:
+        return cfg.sync.verify_tol
+    return 1e-4 if cfg.engine.dtype == "float32" and cfg.learner.dtype == "float32" else 0.1
+
+
+def probe_rows(probes: Sequence[tuple[list[int], Any]]) -> list[TrainRow]:
+    """The learner-side rows of the engines' probe samples (prompt ids, Generation)."""
+    return [TrainRow(prompt_ids=tuple(p), response_ids=tuple(g.token_ids), sampler_logprobs=tuple(g.logprobs),
+                     group_id="sync-probe", traj_id=f"sync-probe-{i}", step_idx=0, episode_score=0.0,
+                     action_valid=True)
+            for i, (p, g) in enumerate(probes)]
+
+
+def max_logprob_gap(rows: Sequence[TrainRow], scores: Sequence[Sequence[float]]) -> float:
+    """max |engine - learner| log-prob over every probe token (pure)."""
+    gaps = [abs(a - b) for row, s in zip(rows, scores) for a, b in zip(row.sampler_logprobs, s)]
+    return max(gaps, default=0.0)

@@ -1,0 +1,72 @@
+"""Rollout placement with a tensor-parallel engine: the config check that ties ray.rollout_gpus to
+engine.tensor_parallel_size, the bundle layout, and (on a real local Ray cluster that declares two
+logical GPUs; this machine has none) a worker placed in its bundle 0 whose vLLM picks the Ray
+executor over that placement group. Whether vLLM then runs tensor-parallel needs real GPUs."""
+
+import pytest
+
+from deploy.config_loading import load_config
+from deploy.topology import rollout_bundles, rollout_worker_options
+
+TP2 = ["engine.tensor_parallel_size=2", "ray.rollout_gpus=2", "ray.rollout_cpus=1"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["engine.tensor_parallel_size=2", "ray.rollout_gpus=1"], (r"ray\.rollout_gpus=1 must be a multiple of engine\."
+     r"tensor_parallel_size=2.*set ray\.rollout_gpus=2")),
+    (["engine.tensor_parallel_size=2", "ray.rollout_gpus=3"], r"must be a multiple"),
+    (["engine.tensor_parallel_size=2", "ray.rollout_gpus=4"], (r"2 x engine\.tensor_parallel_size=2.*idle.*"
+     r"rollout\.num_workers")),
+    (["ray.rollout_gpus=1.5"], r"ray\.rollout_gpus=1\.5 must be a multiple of engine\.tensor_parallel_size=1"),
+    (["engine.tensor_parallel_size=2"], r"needs GPUs.*ray\.rollout_gpus=0.*set ray\.rollout_gpus=2"),
+    (["engine.tensor_parallel_size=2", "ray.rollout_gpus=2", "engine.engine=hf"], r"engine\.engine='vllm' only"),
+])
+def test_rollout_gpus_must_match_tensor_parallel(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, overrides)
+
+
+def test_bundle_layout_one_whole_gpu_per_tensor_parallel_rank():
+    assert rollout_bundles(load_config(None, ["ray.rollout_gpus=1"])) is None  # no placement group
+    assert rollout_bundles(load_config(None, ["ray.rollout_gpus=0.5"])) is None  # a shared GPU is allowed
+    cfg = load_config(None, ["engine.tensor_parallel_size=4", "ray.rollout_gpus=4", "ray.rollout_cpus=3"])
+    assert rollout_bundles(cfg) == [{"CPU": 3.0, "GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
+
+
+class _Probe:
+    """Stands in for a RolloutWorker: reports the placement it got and vLLM's executor choice."""
+
+    def report(self) -> dict:
+        import ray
+        from ray.util import get_current_placement_group
+        from vllm.config import ParallelConfig
+
+        group = get_current_placement_group()
+        return {"bundles": group.bundle_specs if group else None, "own_gpus": ray.get_gpu_ids(),
+                "executor": ParallelConfig(tensor_parallel_size=2).distributed_executor_backend}
+
+
+@pytest.mark.ray
+def test_tensor_parallel_worker_sits_in_its_placement_group(monkeypatch):
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    cfg = load_config(None, TP2)
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, namespace="test_topology")  # logical GPUs
+    try:
+        options = rollout_worker_options(cfg, 0)
+        assert options["num_gpus"] == 0 and options["num_cpus"] == 1.0
+        group = options["scheduling_strategy"].placement_group
+        table = placement_group_table(group)
+        assert table["strategy"] == "STRICT_PACK" and table["state"] == "CREATED"
+        assert ray.available_resources().get("GPU", 0.0) == 0.0  # both GPUs reserved for the engine
+        probe = ray.remote(_Probe).options(**options).remote()
+        report = ray.get(probe.report.remote(), timeout=300)
+        assert report["bundles"] == [{"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0}]
+        assert report["own_gpus"] == []  # the GPUs are left to vLLM's per-rank workers
+        assert report["executor"] == "ray"
+        monkeypatch.setattr("deploy.topology.PLACEMENT_TIMEOUT_S", 2)
+        with pytest.raises(RuntimeError, match=r"rollout worker 1: engine\.tensor_parallel_size=2 GPUs"):
+            rollout_worker_options(cfg, 1)  # no GPU left for a second engine
+    finally:
+        ray.shutdown()

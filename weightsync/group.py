@@ -1,0 +1,150 @@
+"""One extra process group between learner rank 0 (the sender, rank 0) and every rollout engine
+worker (ranks 1..N), built WITHOUT `torch.distributed.init_process_group`: each member constructs
+a c10d backend object (ProcessGroupGloo on CPU, ProcessGroupNCCL on GPU) on its own store and calls
+its collectives directly. No process's default group is created, read or changed, so DeepSpeed's
+group (learner ranks) and vLLM's (tensor-parallel ranks) stay untouched, and this group never
+depends on how the default group was initialised (docs/architecture.md "Weight sync" on the
+`device_id` hang).
+
+Rendezvous: a FileStore when every member runs on one node (nothing listens on the network), a
+TCPStore hosted by rank 0 otherwise. Every wait is bounded by `timeout_s`; a failed collective
+raises `WeightSyncError` naming the group's other members instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import socket
+from dataclasses import dataclass
+
+import torch
+
+
+class WeightSyncError(RuntimeError):
+    """A weight-sync collective failed or timed out (a member died or stopped answering)."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Everything a member needs to join; the driver builds it and hands it to every member."""
+
+    name: str
+    """Unique per group incarnation (store key prefix; a rebuilt group gets a new name)."""
+    members: tuple[str, ...]
+    """Human-readable name of each rank, rank 0 (the sender) first: used in error messages."""
+    timeout_s: float
+    """Bound on the rendezvous and on every collective."""
+    store_file: str | None = None
+    """FileStore path (all members on one node); None: TCPStore at host:port."""
+    host: str = "127.0.0.1"
+    """Rank 0's address: the TCPStore's host, and the interface the members route from."""
+    port: int = 0
+    """TCPStore port (rank 0 opened it; see `open_tcp_store`)."""
+    backend: str = "auto"
+    """"gloo", "nccl", or "auto" (nccl when CUDA is available, else gloo)."""
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _timeout(spec: GroupSpec) -> datetime.timedelta:
+    return datetime.timedelta(seconds=spec.timeout_s)
+
+
+def open_tcp_store(host: str, world_size: int, timeout_s: float) -> torch.distributed.TCPStore:
+    """Rank 0's store server for a cross-node group (it listens on `host`'s port, picked free)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, 0, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def local_address_towards(host: str) -> str:
+    """The address of this machine's interface that routes to `host` (no packet is sent)."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, 9))
+        return sock.getsockname()[0]
+
+
+class WeightGroup:
+    """This process's membership of the weight-sync group (rank 0 sends, the others receive)."""
+
+    def __init__(self, spec: GroupSpec, rank: int, *, store=None, device: torch.device | None = None):
+        import torch.distributed as dist
+
+        if not 0 <= rank < spec.world_size:
+            raise ValueError(f"rank {rank} outside the weight-sync group of {spec.world_size} members")
+        self.spec, self.rank = spec, rank
+        self.backend = spec.resolved_backend()
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        self.device = device
+        if store is None:
+            if spec.store_file is not None:
+                store = dist.FileStore(spec.store_file, spec.world_size)
+            else:
+                store = dist.TCPStore(spec.host, spec.port, spec.world_size, False, timeout=_timeout(spec))
+        store.set_timeout(_timeout(spec))
+        self._store = dist.PrefixStore(f"weightsync/{spec.name}", store)
+        try:
+            self._pg = self._backend_object(dist)
+        except Exception as err:  # rendezvous failures become one clear error
+            raise WeightSyncError(f"{self._who()} could not join weight-sync group {spec.name!r} within "
+                                  f"{spec.timeout_s:g}s ({type(err).__name__}: {err}); members: "
+                                  f"{', '.join(spec.members)}") from err
+
+    def _backend_object(self, dist):
+        if self.backend == "gloo":
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = _timeout(self.spec)
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address_towards(self.spec.host))]
+            return dist.ProcessGroupGloo(self._store, self.rank, self.spec.world_size, opts)
+        if self.backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = _timeout(self.spec)
+            return dist.ProcessGroupNCCL(self._store, self.rank, self.spec.world_size, opts)
+        raise ValueError(f"weight-sync backend {self.backend!r}: use gloo or nccl")
+
+    def _who(self) -> str:
+        return f"{self.spec.members[self.rank]} (weight-sync rank {self.rank})"
+
+    def peers(self) -> list[str]:
+        """The members this rank exchanges with: everyone for the sender, the sender otherwise."""
+        if self.rank == 0:
+            return list(self.spec.members[1:])
+        return [self.spec.members[0]]
+
+    def broadcast(self, tensor: torch.Tensor, *, what: str) -> None:
+        """Broadcast `tensor` (on `self.device`) from rank 0 in place; raises WeightSyncError naming
+        the peers when a member is gone or silent for timeout_s."""
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.rootTensor = 0
+        opts.timeout = _timeout(self.spec)
+        try:
+            self._pg.broadcast([tensor], opts).wait(_timeout(self.spec))
+        except Exception as err:  # every backend failure becomes one clear error
+            side = "sending to" if self.rank == 0 else "receiving from"
+            raise WeightSyncError(
+                f"{self._who()} failed {side} {', '.join(self.peers())} during {what} "
+                f"(group {self.spec.name!r}, timeout {self.spec.timeout_s:g}s): a peer died or stopped "
+                f"answering ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            ) from err
+
+    def close(self) -> None:
+        """Release the backend's connections (the group cannot be used afterwards)."""
+        pg, self._pg = getattr(self, "_pg", None), None
+        if pg is not None and hasattr(pg, "shutdown"):
+            with contextlib.suppress(Exception):  # a group whose peer is dead may not shut down cleanly
+                pg.shutdown()
