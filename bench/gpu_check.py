@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py                      # on the GPU: table + bench/results/gpu_check.json
     python bench/gpu_check.py --tiny --out X.json  # the same code on CPU with tiny shapes (CI)
+    timeout 560 python bench/gpu_check.py --out "$OUT/gpu_check.json"   # on the lent device machine
 
 Models are random-init Qwen3-1.7B / Qwen2.5-7B shapes written in code (bench/gpu_model.py):
 transformers builds them when it imports, else a plain-torch decoder of the same architecture.
@@ -40,9 +41,12 @@ import os
 import platform
 import resource
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before CUDA starts: less fragmentation
 
 import torch
 import torch.nn.functional as F
@@ -111,9 +115,8 @@ class Meter:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
-def _free(*objs) -> None:
-    for o in objs:
-        del o
+def _free() -> None:
+    """After a measurement returned (its tensors went with its frame): hand cached blocks back."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -149,7 +152,6 @@ def train_step(shape: Shape, *, rows: int, prompt: int, response: int, checkpoin
     out = {"impl": impl, "params_b": sum(p.numel() for p in model.parameters()) / 1e9, "peak_gib": meter.peak_gib(),
            "step_s": min(times), "first_step_s": times[0], "tokens_per_s": tokens / min(times),
            "loss": float(loss.detach())}
-    _free(model, opt, ids, h, logp, loss)
     return out
 
 
@@ -175,7 +177,6 @@ def fwd_bwd(shape: Shape, *, length: int, response: int, checkpointing: bool, me
     out = {"impl": impl, "params_b": sum(p.numel() for p in model.parameters()) / 1e9, "weights_gib": weights_gib,
            "peak_gib": meter.peak_gib(), "step_s": min(times), "first_step_s": times[0],
            "tokens_per_s": length / min(times)}
-    _free(model, ids, h, logp)
     return out
 
 
@@ -196,7 +197,6 @@ def logprob_memory(shape: Shape, *, positions: int, chunked: Callable, meter: Me
     out = {"inputs_gib": base, "peak_gib": meter.peak_gib(), "extra_gib": meter.peak_gib() - base,
            "seconds": time.perf_counter() - t0, "mean_logp": float(logp.detach().float().mean()),
            "_logp": logp.detach().float().cpu(), "_grad": hidden.grad.detach().float().cpu()}
-    _free(hidden, weight, targets, logp)
     return out
 
 
@@ -237,7 +237,6 @@ def broadcast(shape: Shape, *, bucket_mb: int, meter: Meter, repeats: int) -> di
             times.append(time.perf_counter() - t0)
         out = {"backend": backend, "world_size": 1, "bytes": total, "bucket_mb": bucket_mb, "seconds": min(times),
                "gb_per_s": total / min(times) / 1e9, "peak_gib": meter.peak_gib()}
-        _free(model, params, buf)
         return out
     finally:
         dist.destroy_process_group()
@@ -289,8 +288,8 @@ def _table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (CI)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check[_tiny].json)")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="skip measurements that would end after this")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/gpu_check.json; --tiny: TMPDIR/gpu_check_tiny.json)")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="skip measurements that would end after this")
     ap.add_argument("--impl", choices=("auto", "torch"), default="auto",
                     help="auto: transformers when it imports, else the plain-torch decoder; torch: always the latter")
     args = ap.parse_args(argv)
@@ -299,7 +298,9 @@ def main(argv: list[str] | None = None) -> dict:
     dev = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if not args.tiny and dev.type != "cuda":
         ap.error("no CUDA device: run with --tiny on CPU")
-    out = args.out or ROOT / "bench" / "results" / ("gpu_check_tiny.json" if args.tiny else "gpu_check.json")
+    # a tiny run's numbers mean nothing: by default they stay out of bench/results
+    out = args.out or (Path(tempfile.gettempdir()) / "gpu_check_tiny.json" if args.tiny
+                       else ROOT / "bench" / "results" / "gpu_check.json")
     meter = Meter(dev)
     prefer_hf = args.impl == "auto"
     chunked, chunked_impl = _load_chunked()
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                              for r in results]}, indent=2) + "\n")
 
     # A hung collective or kernel must not eat the machine's time: dump the stacks and exit.
-    faulthandler.dump_traceback_later(args.budget_s + 60, exit=True)
+    faulthandler.dump_traceback_later(args.budget_s + 50, exit=True)
     for ckpt in (False, True):
         _run(results, f"train_1.7b_{'ckpt' if ckpt else 'full'}",
              {"shape": small.name, "rows": rows, "prompt": prompt, "response": response, "checkpointing": ckpt,

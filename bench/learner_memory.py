@@ -38,6 +38,7 @@ import torch
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "learner_memory.json"
 QWEN_VOCAB = 151_936
+KNOBS = ("micro_batch_rows", "gradient_checkpointing", "logprob_chunk_size", "max_tokens_per_micro_batch")
 CORPUS = ["You arrive at countertop 1. On the countertop 1, you see a mug 1. <action>take mug 1</action>"] * 20
 
 
@@ -126,9 +127,7 @@ def run_variant(args: argparse.Namespace) -> dict:
     peak_kb = _status_kb("VmHWM")
     return {
         "variant": args.variant,
-        "config": {k: getattr(cfg, k) for k in (
-            "micro_batch_rows", "gradient_checkpointing", "logprob_chunk_size", "max_tokens_per_micro_batch"
-        )},  # fmt: skip
+        "config": {k: getattr(cfg, k) for k in KNOBS} | {"full_vocabulary_logits": not scaled},
         "rss_before_step_mb": before_kb / 1024,
         "peak_rss_mb": peak_kb / 1024,
         "step_peak_mb": (peak_kb - before_kb) / 1024,

@@ -87,6 +87,9 @@ def train(config: ConfigOpt, set_: SetOpt = None,
 @app.command("eval")
 def eval_(config: ConfigOpt, checkpoint: Annotated[Path, typer.Option(help="checkpoint dir (with hf/) or an HF model dir")],
           k: Annotated[int, typer.Option(help="samples per task")] = 4, set_: SetOpt = None,
+          retrieval: Annotated[str | None, typer.Option(
+              help="UniSkill run (--config RUN/config.resolved.json): 'on' fills the actor's skill slot from the "
+                   "run's skill bank, 'off' leaves it empty; writes eval/eval-retrieval_<on|off>.json")] = None,
           verbose: VerboseOpt = False) -> None:
     """Evaluate a checkpoint on the fixed evaluation set (Avg@k, Pass@k, per task type)."""
     from deploy.runner import run_eval_command
@@ -94,8 +97,21 @@ def eval_(config: ConfigOpt, checkpoint: Annotated[Path, typer.Option(help="chec
     cfg = _load(config, [*(set_ or []), f"eval.k={k}"])
     model = checkpoint / "hf" if (checkpoint / "hf").is_dir() else checkpoint
     _check_model(str(model))
+    if retrieval not in (None, "on", "off"):
+        typer.secho(f"--retrieval {retrieval!r}: use on or off", fg="red", err=True)
+        raise typer.Exit(2)
     _route_logs(cfg.run.output_dir, verbose)
-    run_eval_command(cfg, str(model))
+    if retrieval is None:
+        run_eval_command(cfg, str(model))
+        return
+    from deploy.config_loading import ConfigError
+    from deploy.eval_skills import run_eval_with_retrieval
+
+    try:
+        run_eval_with_retrieval(cfg, str(model), retrieval=retrieval, label=f"eval-retrieval_{retrieval}")
+    except ConfigError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("build-tiny-model")

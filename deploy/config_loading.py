@@ -141,7 +141,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Read YAML (or a saved config.resolved.json), apply overrides, expand `${ENV_VARS}`, validate."""
     tree = read_tree(path) if path is not None else {}
     source = str(path) if path is not None else "<defaults>"
-    tree = expand_env(apply_overrides(tree, overrides or []))
+    tree = apply_overrides(tree, overrides or [])
+    try:
+        tree = expand_env(tree)
+    except RecursionError:  # a YAML alias that contains itself, or absurd nesting
+        raise ConfigError(f"config {source} nests too deeply or refers to itself (YAML alias cycle)") from None
     try:
         cfg = TrainConfig.model_validate(tree)
     except ValidationError as err:

@@ -22,7 +22,7 @@ class VariantSwitches:
     proposer: bool
     """Proposals are generated, judged, scored and committed to the bank."""
     train_proposer: bool
-    """The proposer loss is trained (lambda_prop > 0); actor_only keeps the joint procedure and
+    """The proposer loss (lambda_prop * L_prop) is applied; actor_only keeps the joint procedure and
     the bank-update rule but trains the actor alone."""
     use_r_align: bool
     """r_skill = clip(R_align); false: r_skill from the critic alone (R_align is still computed
@@ -81,9 +81,11 @@ class UniSkillConfig(Section):
     """Turn UniSkill on (retrieval, proposals, R_align, bank writes as the variant says)."""
     variant: UniSkillVariant = "uniskill"
     """uniskill = the full method; actor_only = the same joint procedure and bank-update rule but
-    only the actor is trained (lambda_prop 0: proposals are still generated, judged, scored and
-    gated); proposer_only = proposer trained, the actor never sees skills; no_r_align = r_skill from
-    the critic alone; no_support_reg = support regulariser off (c_sup 0)."""
+    only the actor is trained (proposals are still generated, judged, scored and gated; the
+    proposer loss is not applied); proposer_only = only the proposer role is trained (the actor
+    still acts with retrieved skills, but its GRPO loss contributes no gradient); no_r_align =
+    r_skill from the critic alone; no_support_reg = support regulariser off (c_sup 0).
+    docs/algorithms.md S8 has the table."""
     detached: bool = False
     """Keep the "skillbank" actor (and its private Redis server) alive after the run, for
     inspection with `python -m deploy skills ...`; stop it later with `ray.kill`. Off: the run

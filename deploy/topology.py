@@ -115,6 +115,10 @@ def start_env_pools(cfg: TrainConfig) -> list:
     return pools
 
 
+_ROLLOUT_GROUPS: list = []
+"""Placement groups made by `rollout_worker_options` in this process (`remove_rollout_placements`)."""
+
+
 def rollout_bundles(cfg: TrainConfig) -> list[dict[str, float]] | None:
     """The placement of one RolloutWorker whose vLLM engine is tensor-parallel (None when it is
     not: the actor then simply holds `ray.rollout_gpus`). One bundle per tensor-parallel rank, each
@@ -142,12 +146,26 @@ def rollout_worker_options(cfg: TrainConfig, w: int) -> dict:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     group = placement_group(bundles, strategy="STRICT_PACK", name=f"rollout_worker_{w}")
+    _ROLLOUT_GROUPS.append(group)
     if not group.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
         raise RuntimeError(f"rollout worker {w}: engine.tensor_parallel_size={len(bundles)} GPUs (+ ray.rollout_cpus="
                            f"{r.rollout_cpus:g} CPUs) do not fit on one node; lower engine.tensor_parallel_size "
                            "or rollout.num_workers, or add nodes")
     return {**options, "num_gpus": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)}
+
+
+def remove_rollout_placements() -> int:
+    """Release the placement groups this driver made for tensor-parallel RolloutWorkers (after their
+    actors are killed: a driver that starts workers again in the same Ray session needs the GPUs
+    back; a finished job releases them anyway). Returns how many were removed."""
+    from ray.util.placement_group import remove_placement_group
+
+    removed = 0
+    while _ROLLOUT_GROUPS:
+        remove_placement_group(_ROLLOUT_GROUPS.pop())
+        removed += 1
+    return removed
 
 
 def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) -> list:
@@ -176,8 +194,8 @@ def _rendezvous(multi_node: bool) -> tuple[str, int, str, str]:
     """Runs inside the learners' placement group, in rank 0's bundle: (address, free port, store,
     node id). All ranks on one node: loopback, and a fresh file for the process group's FileStore
     (so no rendezvous socket listens beyond loopback). Ranks on several nodes: this node's address
-    and "tcp://ADDRESS:PORT", the TCPStore rank 0 serves (`learner.backends`). The port is free now;
-    the ranks bind it moments later."""
+    and "tcp://ADDRESS:PORT", the TCPStore rank 0 serves (`learner.backends`) on a port free now,
+    drawn outside Ray's and the kernel's ephemeral ranges (`TCP_PORTS`) so it stays free until then."""
     import socket
     import tempfile
     import uuid
@@ -185,19 +203,42 @@ def _rendezvous(multi_node: bool) -> tuple[str, int, str, str]:
 
     import ray
 
-    addr = ray.util.get_node_ip_address() if multi_node else "127.0.0.1"
-    with socket.socket() as sock:
-        sock.bind((addr, 0))
-        port = sock.getsockname()[1]
     node_id = ray.get_runtime_context().get_node_id()
     if multi_node:
+        addr = ray.util.get_node_ip_address()
+        port = _free_port(addr)
         return addr, port, f"tcp://{addr}:{port}", node_id
+    addr = "127.0.0.1"
+    with socket.socket() as sock:  # on one node only an environment variable for DeepSpeed: nothing binds it
+        sock.bind((addr, 0))
+        port = sock.getsockname()[1]
     from deploy.reaper import RENDEZVOUS_PREFIX, TOKEN_VAR
 
     # Named after the driver's token where it has one, so its reaper finds the file (`deploy.reaper`).
     owner = f"{os.environ[TOKEN_VAR]}-" if TOKEN_VAR in os.environ else ""
     path = str(Path(tempfile.gettempdir()) / f"{RENDEZVOUS_PREFIX}{owner}{uuid.uuid4().hex}")
     return addr, port, path, node_id
+
+
+TCP_PORTS = (20_000, 32_768)
+"""Where rank 0's TCPStore port is drawn from: above Ray's default worker ports (10002-19999) and
+below Linux's default ephemeral range (32768-60999), so no outgoing connection takes it between
+the probe and rank 0's bind."""
+
+
+def _free_port(addr: str) -> int:
+    import random
+    import socket
+
+    for _ in range(100):
+        port = random.randrange(*TCP_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind((addr, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {TCP_PORTS[0]}-{TCP_PORTS[1] - 1} on {addr} for the learner rendezvous")
 
 
 def _remove_file(path: str) -> None:

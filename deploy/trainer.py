@@ -180,6 +180,7 @@ class Trainer:
             with timer("sync"):
                 self.state.policy_version += 1
                 self.cluster.sync_weights(self.state.policy_version)
+            learn.update({f"sync/{k}": v for k, v in self.cluster.last_sync.items() if k != "seconds"})
         with timer("skill_commit"):
             committed = self.commit_skills(proposals, scores)
         self.sink.save_proposals(step, proposals.records if proposals is not None else [])

@@ -307,6 +307,8 @@ class DeepSpeedBackend:
         self._cfg = cfg
         self._world_size = world_size
         self.ds_config = deepspeed_config(cfg, world_size=world_size)
+        if cfg.zero_stage == 3:
+            deepspeed.init_distributed()  # zero.Init partitions over the group: it must exist first
         model = _materialise(cfg, model, self.device, self.ds_config if cfg.zero_stage == 3 else None)
         if cfg.zero_stage != 3:
             model = model.to(self.device)

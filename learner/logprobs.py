@@ -205,6 +205,43 @@ def response_hidden(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Te
     return seen["hidden"][:, :-1], head
 
 
+def _head_call_scores(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    allowed: torch.Tensor | None,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`chunked_scores` of all positions inside ONE call of the head module (its forward is swapped
+    for the chunk loop for the duration): ZeRO-3 gathers the head's weight once per call, on every
+    rank alike, however many chunks a rank's positions need (a per-chunk module call would make
+    ranks with different position counts issue different numbers of gathers, and hang), and its
+    backward hooks re-gather the weight before the chunks are recomputed."""
+
+    def forward(h: torch.Tensor, t: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
+        def project(x: torch.Tensor) -> torch.Tensor:
+            return F.linear(x, head.weight, getattr(head, "bias", None))
+
+        logp, ent = chunked_scores(
+            h, project, t, allowed_ids=a, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+        )
+        return logp[None] if ent is None else torch.stack([logp, ent])
+
+    previous = head.__dict__.get("forward")
+    head.forward = forward
+    try:
+        out = head(hidden, targets, allowed)
+    finally:
+        if previous is None:
+            del head.forward
+        else:
+            head.forward = previous
+    return (out[0], out[1]) if with_entropy else (out[0], None)
+
+
 def response_logprobs(
     model: torch.nn.Module,
     batch: TokenBatch,
@@ -233,9 +270,9 @@ def _scores_from_hidden(
     allowed = None
     if batch.allowed_ids is not None:
         allowed = batch.allowed_ids.reshape(-1, batch.allowed_ids.shape[-1]).to(device)[valid]
-    logp, entropy = chunked_scores(
-        hidden.reshape(-1, hidden.shape[-1])[valid], head, batch.responses.reshape(-1).to(device)[valid],
-        allowed_ids=allowed, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+    logp, entropy = _head_call_scores(
+        head, hidden.reshape(-1, hidden.shape[-1])[valid], batch.responses.reshape(-1).to(device)[valid],
+        allowed, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
     )  # fmt: skip
 
     def scatter(values: torch.Tensor) -> torch.Tensor:

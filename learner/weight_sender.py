@@ -22,9 +22,9 @@ def _zero3_gather(cfg: LearnerConfig):
     """deepspeed's GatheredParameters under ZeRO-3, None otherwise (parameters are whole)."""
     if not (cfg.use_deepspeed and cfg.zero_stage == 3):
         return None
-    from deepspeed.zero import GatheredParameters
+    import deepspeed  # `deepspeed.zero` is an attribute, not an importable module
 
-    return lambda params: GatheredParameters(params, modifier_rank=None)
+    return lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 class WeightSender:

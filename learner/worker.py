@@ -254,7 +254,7 @@ class LearnerWorker:
         lengths, micro = batch.attention_mask.sum(-1), self.cfg.micro_batch_rows
         owned = [
             owned_rows(lengths, minis, rank=r, world_size=self.world_size, micro_rows=micro,
-                       max_tokens=self.cfg.max_tokens_per_micro_batch)  # fmt: skip
+                       max_tokens=self.cfg.max_tokens_per_micro_batch)
             for r in range(self.world_size)
         ]
         return teacher_logprobs(

@@ -107,18 +107,20 @@ def iter_steps(run_dir: Path) -> Iterator[tuple[int, list[Trajectory]]]:
 
 
 def replay_candidate(env, task: TaskSpec, prefix: Sequence[str], suffix: Sequence[str]) -> bool:
-    """Reset to `task`, execute the student prefix, then the reference suffix; True iff won."""
+    """Reset to `task`, execute the student prefix, then the reference suffix; True iff won.
+
+    Won is the env's `info["won"]`, not `terminated`: a WebShop episode terminates on any purchase,
+    and only a purchase scoring at least env.webshop_success_score is a win (ALFWorld terminates
+    on the win alone)."""
     env.reset(options={"task": task})
     for action in prefix:
-        _, _, won, truncated, _ = env.step(action)
-        if won or truncated:  # the state before turn t is not reachable anymore
-            return bool(won)
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:  # the state before turn t is not reachable anymore
+            return bool(info["won"])
     for action in suffix:
-        _, _, won, truncated, _ = env.step(action)
-        if won:
-            return True
-        if truncated:
-            return False
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            return bool(info["won"])
     return False
 
 

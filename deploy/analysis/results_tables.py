@@ -103,32 +103,43 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _row_keys(rows: Sequence[ResultRow], paper_rows: Sequence[str]) -> list[tuple]:
-    """The (model, method, retrieval) lines of a paper layout: per model present, the paper's rows in
-    order (for the first model a placeholder line when nothing matches, so every main row shows),
-    then every other line in input order."""
-    present = list(dict.fromkeys((r.model, r.method, r.retrieval) for r in rows))
-    out: list[tuple] = []
-    for i, model in enumerate(dict.fromkeys(k[0] for k in present) if present else [None]):
+def _lines(rows: Sequence[ResultRow], paper_rows: Sequence[str]) -> list[tuple]:
+    """The lines of a paper layout as (group key, label, ALFWorld row, WebShop row). Rows group by (model, method,
+    retrieval); within a group the i-th ALFWorld row shares a line with the i-th WebShop row, so one run
+    per benchmark gives one line and repeated runs (e.g. a re-run) each get their own, labelled with
+    the row's name. Order: per model present, the paper's rows (for the first model a placeholder line
+    when nothing matches, so every main row shows), then every other group in input order."""
+    groups: dict[tuple, dict[str, list[ResultRow]]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.method, r.retrieval), {"alfworld": [], "webshop": []})[r.env].append(r)
+    keys: list[tuple] = []
+    for i, model in enumerate(dict.fromkeys(k[0] for k in groups) if groups else [None]):
         for method in paper_rows:
-            out.extend([k for k in present if k[:2] == (model, method)] or ([(model, method, None)] if i == 0 else []))
-    return out + [k for k in present if k not in out]
-
-
-def _pick(rows: Sequence[ResultRow], key, env: str) -> ResultRow | None:
-    found = [r for r in rows if (r.model, r.method, r.retrieval) == key and r.env == env]
-    return found[-1] if found else None
+            found = [k for k in groups if k[:2] == (model, method)]
+            keys.extend(found or ([(model, method, None)] if i == 0 else []))
+    keys += [k for k in groups if k not in keys]
+    out = []
+    for key in keys:
+        by_env = groups.get(key, {"alfworld": [], "webshop": []})
+        n = max(len(by_env["alfworld"]), len(by_env["webshop"]), 1)
+        for j in range(n):
+            alf = by_env["alfworld"][j] if j < len(by_env["alfworld"]) else None
+            web = by_env["webshop"][j] if j < len(by_env["webshop"]) else None
+            label = METHOD_NAMES.get(key[1], key[1])
+            if n > 1:
+                label += f": {(alf or web).name}"
+            out.append((key, label, alf, web))
+    return out
 
 
 def smrc_sd_table(rows: Sequence[ResultRow]) -> str:
     head = ["model", "method", "ALFWorld Avg@4", "ALFWorld Pass@4", *[short for _, short in ALFWORLD_TYPES],
             "WebShop Score", "WebShop Acc", "resp. len (tokens)", "rep. 4-gram (%)"]
     out = []
-    for key in _row_keys(rows, SMRC_SD_ROWS):
-        alf, web = _pick(rows, key, "alfworld"), _pick(rows, key, "webshop")
+    for key, label, alf, web in _lines(rows, SMRC_SD_ROWS):
         health = alf if alf is not None and alf.response_len_mean is not None else web
         types = [_f((alf.per_task_type if alf else {}).get(t), ".3f") for t, _ in ALFWORLD_TYPES]
-        out.append([key[0] or "-", METHOD_NAMES.get(key[1], key[1]), _f(alf and alf.avg_at_k, ".3f"),
+        out.append([key[0] or "-", label, _f(alf and alf.avg_at_k, ".3f"),
                     _f(alf and alf.pass_at_k, ".3f"), *types,
                     _f(web.score / 100 if web and web.score is not None else None, ".3f"),
                     _f(web and web.avg_at_k, ".3f"), _f(health and health.response_len_mean, ".1f"),
@@ -140,15 +151,14 @@ def uniskill_table(rows: Sequence[ResultRow]) -> str:
     head = ["model", "method", "retrieval at eval", *[short for _, short in ALFWORLD_TYPES], "ALFWorld All",
             "WebShop Score", "WebShop Succ."]
     out = []
-    for key in _row_keys(rows, UNISKILL_ROWS):
-        alf, web = _pick(rows, key, "alfworld"), _pick(rows, key, "webshop")
+    for key, label, alf, web in _lines(rows, UNISKILL_ROWS):
 
         def pct(x: float | None) -> str:
             return _f(None if x is None else 100 * x, ".1f")
 
         types = [pct((alf.per_task_type if alf else {}).get(t)) for t, _ in ALFWORLD_TYPES]
         retrieval = "-" if key[2] is None else ("on" if key[2] else "off")
-        out.append([key[0] or "-", METHOD_NAMES.get(key[1], key[1]), retrieval, *types, pct(alf and alf.avg_at_k),
+        out.append([key[0] or "-", label, retrieval, *types, pct(alf and alf.avg_at_k),
                     _f(web and web.score, ".1f"), pct(web and web.avg_at_k)])
     return _table(head, out)
 

@@ -148,7 +148,7 @@ class TeacherRouter:
                 counts[f"route/coverage_{m}"] += sum(d.matched for d in ds)
             if self.skill:
                 block = skill_block(ep, ref, groups[ep.group_id], max_chars=self.max_chars)
-                for t in range(len(ep.traj.turns)):
+                for t in range(len(ep.traj.turns)) if block else ():  # no workflow to condense: no teacher
                     result.teacher_prompts[(ep.traj_id, t)] = self._render(ep, t, block)
                 continue
             for t in choose_turns(self.rule, decisions[self.matcher], rng):

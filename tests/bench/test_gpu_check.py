@@ -36,7 +36,7 @@ def test_tiny_run_needs_torch_alone_and_writes_table_and_json(tmp_path):
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["tiny"] is True and report["device"].startswith("cpu")
+    assert report["tiny"] is True and report["device"].startswith("cpu") and report["complete"] is True
     assert report["versions"]["transformers"] is None and report["versions"]["deepspeed"] is None
     assert report["chunked_impl"] == "learner.logprobs"
     by_name = {m["name"]: m for m in report["measurements"]}
@@ -51,6 +51,17 @@ def test_tiny_run_needs_torch_alone_and_writes_table_and_json(tmp_path):
     header = next(i for i, ln in enumerate(lines) if ln.startswith("measurement"))
     assert [ln.split()[0] for ln in lines[header + 2:header + 2 + len(NAMES)]] == NAMES
     assert lines[-1].startswith("gpu check: 7/7 measurements ok")
+
+
+def test_time_budget_skips_what_would_start_too_late(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    res = subprocess.run([sys.executable, "bench/gpu_check.py", "--tiny", "--budget-s", "0", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [m["status"] for m in report["measurements"]] == ["skipped"] * len(NAMES)
+    assert all(m["error"].startswith("time budget") for m in report["measurements"])
+    assert res.stdout.splitlines()[-1].startswith("gpu check: 0/7 measurements ok")
 
 
 def test_fallback_chunked_logprobs_equal_the_learners():

@@ -160,6 +160,10 @@ def test_the_papers_tables_render_from_the_committed_results(tmp_path):
     rows = compare_runs([RESULTS / "laptop_method_comparison.json", RESULTS / "paper_smrc_sd.json"],
                         out=tmp_path / "both", layout="smrc_sd")
     assert {r.model for r in rows} >= {"Qwen3-1.7B", "tiny-2M (Qwen2 architecture, built offline)"}
+    both = (tmp_path / "both").with_suffix(".md").read_text()
+    # two laptop runs of one method each keep their own line, labelled with the row's name
+    assert "| SMRC-SD: SMRC-SD | 0.156 | 0.229 |" in both
+    assert "| SMRC-SD: SMRC-SD, re-run with the final signature | 0.078 | 0.188 |" in both
 
 
 def test_export_writes_a_results_file_with_command_and_commit(tmp_path):

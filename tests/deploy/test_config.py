@@ -133,3 +133,16 @@ def test_wandb_logger_without_the_package_says_how_to_install(monkeypatch):
     assert load_config(None, ["run.loggers=[tensorboard]"]).run.loggers == ("tensorboard",)
     with pytest.raises(ConfigError, match=r"run.loggers.0"):
         load_config(None, ["run.loggers=[mlflow]"])
+
+
+def test_a_hub_id_missing_from_the_cache_names_the_model_and_how_to_provide_it(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from deploy.config_loading import resolve_model_path
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError, match=r"model.path 'Qwen/Qwen2.5-7B-Instruct' \(a Hugging Face hub id\) is not in "
+                                          r"the local Hugging Face cache \(.*hub\), and runs never download "
+                                          r"\(HF_HUB_OFFLINE=1.*huggingface-cli download Qwen/Qwen2.5-7B-Instruct"
+                                          r".*--set model.path="):
+        resolve_model_path("Qwen/Qwen2.5-7B-Instruct")

@@ -152,8 +152,10 @@ def test_skill_methods_show_a_condensed_skill_on_every_turn(episodes, method):
     assert all(len(blocks) == 1 for blocks in by_traj.values())
 
 
-def test_skill_methods_select_their_loss_form_and_validate():
+def test_skill_methods_select_their_loss_form_and_validate(monkeypatch, tmp_path):
     from pathlib import Path
+
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))  # the cluster configs' dataset path
 
     from deploy.config_loading import ConfigError, load_config
 

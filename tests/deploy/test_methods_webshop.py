@@ -166,6 +166,7 @@ def test_webshop_method_config_trains_and_routes(config, webshop_runs):
     """Routing metrics are the archive's (references = another success of the group), matched or all
     turns are distilled per the method's rule, and the SD loss joins the update."""
     from deploy.config_loading import load_config
+    from deploy.config_sections import SKILL_METHOD_SD_FORM
     from deploy.stages.smrc_sd import RULES
 
     expected = load_config(config).method
@@ -188,7 +189,10 @@ def test_webshop_method_config_trains_and_routes(config, webshop_runs):
         assert routed == with_reference
     else:
         assert routed == matched and 0 < routed <= with_reference
-    assert step["sd/match_rate"] == pytest.approx(routed / total, rel=1e-5) and step["loss/sd"] > 0
+    assert step["sd/match_rate"] == pytest.approx(routed / total, rel=1e-5)
+    form = SKILL_METHOD_SD_FORM.get(expected.name, "rkl")  # a Skill-SD / SDAR config selects its loss form
+    assert run["config"]["learner"]["sd"]["form"] == form
+    assert step["loss/sd"] > 0 if form == "rkl" else step["loss/sd"] != 0  # the gated form has either sign
     kl_coef, ent = run["config"]["learner"]["kl_coef"], run["config"]["learner"]["entropy_coeff"]
     assert step["loss/total"] == pytest.approx(
         step["loss/pg"] + kl_coef * step["loss/kl"] - ent * step["loss/entropy"] + step["loss/sd"], rel=1e-4)
@@ -219,3 +223,28 @@ def expected_advantages(trajectories: list[dict], learner: dict):
     batch = collate_rows(rows_from_trajectories(played, gamma=cfg.gigpo_gamma), pad_token_id=0)
     grpo = cfg.model_copy(update={"adv_estimator": "grpo"})
     return row_advantages(cfg, batch), row_advantages(grpo, batch)
+
+
+def test_replay_audit_counts_webshop_wins_not_purchases():
+    """`replay_candidate` (the replay audit) on WebShop: a purchase ends the episode whatever it
+    scores; only one scoring at least webshop_success_score is a replayed success."""
+    from deploy.analysis.replay_audit import replay_candidate
+    from envs.webshop.env import WebShopEnv
+
+    env = WebShopEnv(ENV)
+    task = eval_tasks(ENV, "valid_unseen", 1)[0]
+    env.reset(options={"task": task})
+    expert = []
+    while not expert or not expert[-1].startswith("click[buy now]"):
+        expert.append(env.expert_action())
+        env.step(expert[-1])
+    assert replay_candidate(env, task, expert[:1], expert[1:])  # the shopper's purchase scores 1
+    goal_asin = env.session.goal["asin"].lower()
+    env.reset(options={"task": task})
+    env.step(expert[0])  # the shopper's search: a results page with the goal and other products
+    other = next(c for c in env.available_actions()["clickables"] if len(c) == 10 and c != goal_asin)
+    wrong = [expert[0], f"click[{other}]", "click[buy now]"]
+    for action in wrong[1:]:
+        _, _, terminated, _, info = env.step(action)
+    assert terminated and info["score"] < ENV.webshop_success_score and not info["won"]
+    assert not replay_candidate(env, task, wrong[:1], wrong[1:])  # a purchase, not a win

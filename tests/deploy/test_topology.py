@@ -1,12 +1,16 @@
 """Rollout placement with a tensor-parallel engine: the config check that ties ray.rollout_gpus to
 engine.tensor_parallel_size, the bundle layout, and (on a real local Ray cluster that declares two
 logical GPUs; this machine has none) a worker placed in its bundle 0 whose vLLM picks the Ray
-executor over that placement group. Whether vLLM then runs tensor-parallel needs real GPUs."""
+executor over that placement group. Whether vLLM then runs tensor-parallel needs real GPUs.
+Also: learner ranks that fit on one node keep the one-node FileStore rendezvous."""
+
+from pathlib import Path
 
 import pytest
 
 from deploy.config_loading import load_config
-from deploy.topology import rollout_bundles, rollout_worker_options
+from deploy.reaper import RENDEZVOUS_PREFIX
+from deploy.topology import place_learners, remove_rollout_placements, rollout_bundles, rollout_worker_options
 
 TP2 = ["engine.tensor_parallel_size=2", "ray.rollout_gpus=2", "ray.rollout_cpus=1"]
 
@@ -46,6 +50,15 @@ class _Probe:
                 "executor": ParallelConfig(tensor_parallel_size=2).distributed_executor_backend}
 
 
+def _wait_for(ok, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
 @pytest.mark.ray
 def test_tensor_parallel_worker_sits_in_its_placement_group(monkeypatch):
     import ray
@@ -68,5 +81,13 @@ def test_tensor_parallel_worker_sits_in_its_placement_group(monkeypatch):
         monkeypatch.setattr("deploy.topology.PLACEMENT_TIMEOUT_S", 2)
         with pytest.raises(RuntimeError, match=r"rollout worker 1: engine\.tensor_parallel_size=2 GPUs"):
             rollout_worker_options(cfg, 1)  # no GPU left for a second engine
+        ray.kill(probe)
+        assert remove_rollout_placements() == 2  # both groups (the pending one too) are released
+        _wait_for(lambda: ray.available_resources().get("GPU", 0.0) == 2.0)
+
+        # learners that fit on the one node stay there, with the loopback FileStore rendezvous
+        place = place_learners(load_config(None, ["ray.num_learners=2", "ray.learner_cpus=0.5"]))
+        assert len(place.rank_nodes) == 2 and len(set(place.rank_nodes)) == 1
+        assert place.master_addr == "127.0.0.1" and Path(place.rendezvous).name.startswith(RENDEZVOUS_PREFIX)
     finally:
         ray.shutdown()

@@ -61,7 +61,8 @@ def setup(tmp_path_factory):
 # ---- variants and retrieval ------------------------------------------------------------------------
 
 
-def test_variant_switches_reach_the_learner_config():
+def test_variant_switches_reach_the_learner_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))  # the cluster config's dataset path
     for variant, (sees, proposer, r_align, sup, train_prop, train_actor) in {
         "uniskill": (True, True, True, True, True, True),
         "actor_only": (True, True, True, True, False, True),  # same procedure and bank rule, proposer not trained
@@ -81,7 +82,8 @@ def test_variant_switches_reach_the_learner_config():
     assert both.method.name == "smrc_sd" and both.learner.proposer.enabled
     gpu = load_config("deploy/configs/alfworld_uniskill_gpu.yaml")
     assert gpu.uniskill.bank.warmup_steps == 3 and not hasattr(gpu.learner.proposer, "warmup_steps")
-    assert not any(dataclasses.astuple(us.switches(UniSkillConfig())))
+    off = us.switches(UniSkillConfig())  # UniSkill off: nothing of it runs (the actor trains as plain GRPO)
+    assert not any(dataclasses.astuple(off)[:5]) and off.train_actor
 
 
 def test_learner_slice_is_derived_not_duplicated():

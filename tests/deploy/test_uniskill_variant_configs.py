@@ -16,6 +16,13 @@ UNISKILL_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.yaml") if read_tree(p)
 VARIANTS = typing.get_args(UniSkillVariant)
 
 
+@pytest.fixture(autouse=True)
+def _data_paths(monkeypatch, tmp_path):
+    """The cluster configs read their datasets from ${ALFWORLD_DATA} / ${WEBSHOP_DATA}."""
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "alfworld"))
+    monkeypatch.setenv("WEBSHOP_DATA", str(tmp_path / "webshop"))
+
+
 def test_the_shipped_uniskill_configs_are_found():
     assert {"alfworld_uniskill_gpu.yaml", "smoke_cpu_uniskill.yaml", "smoke_cpu_proposer_only.yaml"} <= set(
         UNISKILL_CONFIGS)
