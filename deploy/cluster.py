@@ -363,8 +363,11 @@ class Cluster:
     def shutdown(self) -> None:
         import ray
 
+        from deploy.topology import remove_rollout_placements
+
         for handle in [*self.workers, *(p.handle for p in self.pools)]:
             ray.kill(handle)
+        remove_rollout_placements()
         if self.learner_group is not None:
             from deploy.topology import stop_learners
 

@@ -210,7 +210,9 @@ def init_process_group_on_node(rendezvous_file: str, *, rank: int, world_size: i
     """The learner ranks' default process group. `rendezvous_file` is either
     - a path, when every rank shares one node: rendezvous through that file (torch's FileStore)
       instead of a TCPStore, which would listen on every interface, and collectives over loopback
-      (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME = lo, unless the deployment sets them); or
+      (GLOO_SOCKET_IFNAME = lo, unless the deployment sets it; NCCL_SOCKET_IFNAME is left to NCCL,
+      because it is process-wide and the weight-sync group may have to reach engines on other
+      nodes from this very process); or
     - "tcp://HOST:PORT", when the ranks span nodes (`deploy.topology.start_learners`): a TCPStore
       served by rank 0 at its node's address HOST, and collectives over the interface that reaches
       HOST (`_interface_towards`), unless the deployment sets the variables.
@@ -232,8 +234,7 @@ def init_process_group_on_node(rendezvous_file: str, *, rank: int, world_size: i
                 os.environ.setdefault(var, ifname)
         store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, **timeout)
     else:
-        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            os.environ.setdefault(var, "lo")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         store = dist.FileStore(rendezvous_file, world_size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **timeout)
 

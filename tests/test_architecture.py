@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["envs", "routing", "rollout_workers", "learner", "skillbank_service", "deploy"]
+PACKAGES = ["envs", "routing", "rollout_workers", "learner", "skillbank_service", "deploy", "weightsync"]
 
 
 def test_layers_kept():

@@ -10,8 +10,8 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("envs", "routing", "rollout_workers", "learner", "skillbank_service", "deploy")
-SIZE_CHECKED = ("learner", "deploy", "rollout_workers", "routing", "skillbank_service")
+PACKAGES = ("envs", "routing", "rollout_workers", "learner", "skillbank_service", "deploy", "weightsync")
+SIZE_CHECKED = ("learner", "deploy", "rollout_workers", "routing", "skillbank_service", "weightsync")
 MAX_LINES = 500
 
 

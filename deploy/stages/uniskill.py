@@ -93,7 +93,8 @@ class ProposalRecord(BaseModel):
     minus_id: str | None = None
     """R_align's failure anchor tau-."""
     coverage_plus: float | None = None
-    """Scorable-turn coverage |S_tau| / T_tau of tau+ as the learner measured it (None: not scored)."""
+    """Scorable-turn coverage |S_tau| / T_tau of tau+ as the learner measured it (None: no R_align was
+    asked for: warm-up, NO_SKILL or a parse failure)."""
     coverage_minus: float | None = None
     r_align: float | None = None
     delta_plus: float | None = None
@@ -121,13 +122,14 @@ def proposal_records(batch: ProposalBatch, scores: Sequence[ProposalScore],
     for p, q in zip(batch.prompts, batch.parsed, strict=True):
         cid = p.candidate.candidate_id
         s, v, d = by_score.get(cid), batch.verdicts.get(cid), by_decision.get(cid)
+        scored = not batch.warmup and q.ok and q.op in ("add", "update")  # R_align asked for: coverage measured
         out.append(ProposalRecord(
             step=batch.step, candidate_id=cid, task=trajs[p.candidate.source_id].task, task_type=p.task_type,
             op=q.op if q.ok else None, text=q.skill_text, warmup=batch.warmup,
             source_id=p.candidate.source_id, reference_id=p.candidate.reference_id,
             plus_id=p.candidate.plus_id, minus_id=p.candidate.minus_id,
-            coverage_plus=s.coverage_plus if s and not batch.warmup else None,
-            coverage_minus=s.coverage_minus if s and not batch.warmup else None,
+            coverage_plus=s.coverage_plus if s and scored else None,
+            coverage_minus=s.coverage_minus if s and scored else None,
             orig_text=trajs[p.candidate.plus_id].skill_text,
             orig_skill_id=p.skill.skill_id if p.skill is not None else None,
             r_align=s.r_align if s else None, delta_plus=s.delta_plus if s else None,

@@ -423,3 +423,23 @@ def test_steps_play_each_step_with_the_policy_that_scored_it(tmp_path):
         rv.run_ralign_vs_rollout(tmp_path, k=2, steps=[2], runner_for=runner_for)
     with pytest.raises(ValueError, match="do not pass --model"):
         rv.run_ralign_vs_rollout(tmp_path, model_path="/x", steps=[1], runner_for=runner_for)
+
+
+def test_ralign_vs_rollout_steps_option_errors(tmp_path):
+    """--steps takes step numbers, replaces --model, and names a missing checkpoint (exit 2, no cluster)."""
+    from typer.testing import CliRunner
+
+    from deploy.cli import app
+
+    task = eval_tasks(ENV, "valid_unseen", 1)[0]
+    (tmp_path / "config.resolved.json").write_text(json.dumps({"model": {"path": "/models/base"}}))
+    sink = MetricsSink(tmp_path)
+    sink.save_proposals(25, [_record(task, "a", "good", None, 0.1, step=25)])
+    sink.close()
+    run = ["analyze", "ralign-vs-rollout", "--run", str(tmp_path)]
+    bad = CliRunner().invoke(app, [*run, "--steps", "25,x"])
+    assert bad.exit_code == 2 and "comma-separated" in bad.output
+    both = CliRunner().invoke(app, [*run, "--steps", "25", "--model", str(tmp_path)])
+    assert both.exit_code == 2 and "drop --model" in both.output
+    missing = CliRunner().invoke(app, [*run, "--steps", "25"])
+    assert missing.exit_code == 2 and "step_000024" in missing.output

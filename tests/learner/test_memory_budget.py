@@ -107,3 +107,17 @@ def test_bad_memory_settings_name_the_key():
         LearnerConfig(logprob_chunk_size=0)
     with pytest.raises(ValueError, match="ref_placement=shard"):
         LearnerConfig(ref_placement="shard", zero_stage=2)
+
+
+def test_reference_on_cpu_gives_the_same_step(tiny_model_dir, make_rows):
+    rows = make_rows()
+    on_cpu = LearnerWorker(torch_cfg(ref_placement="cpu"), str(tiny_model_dir))
+    assert next(on_cpu.ref_model.parameters()).device.type == "cpu"
+    assert not any(p.requires_grad for p in on_cpu.ref_model.parameters())
+    on_cpu.train_step(rows)
+    m_cpu = on_cpu.train_step(rows)  # the second step has a policy != reference: KL > 0
+    default = LearnerWorker(torch_cfg(), str(tiny_model_dir))
+    default.train_step(rows)
+    m_dev = default.train_step(rows)
+    assert m_cpu.kl > 0 and m_cpu.kl == pytest.approx(m_dev.kl, abs=1e-7)
+    assert m_cpu.loss == pytest.approx(m_dev.loss, abs=1e-6)
