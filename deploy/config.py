@@ -88,7 +88,7 @@ class TrainConfig(Section):
         sd = {**sd, "total_steps": run.total_steps}
         method = data.get("method", {})
         method = method.get("name") if isinstance(method, dict) else getattr(method, "name", None)
-        if method in SKILL_METHOD_SD_FORM:
+        if isinstance(method, str) and method in SKILL_METHOD_SD_FORM:
             form = SKILL_METHOD_SD_FORM[method]
             if sd.get("form", form) != form:
                 raise ValueError(f"learner.sd.form={sd['form']!r} contradicts method.name={method!r}, which "
