@@ -70,23 +70,12 @@ class RunBankSkills:
 
 def run_eval_with_retrieval(cfg: TrainConfig, model_path: str, *, retrieval: Retrieval, label: str = "eval"):
     """Evaluate `model_path` on the fixed set with the run's bank in the skill slot (on) or none (off);
-    writes eval/<label>.json (and eval/<label>.skills.json with on)."""
-    from deploy.cluster import Cluster
-    from deploy.config_loading import resolve_model_path
-    from deploy.runner import print_eval
-    from deploy.trainer import run_evaluation
+    writes eval/<label>[-<split>].json per split (and eval/<label>.skills.json with on)."""
+    from deploy.runner import run_eval_command
 
     skills = RunBankSkills(cfg) if retrieval == "on" else None
-    cluster = Cluster.start(cfg, resolve_model_path(model_path), with_learner=False)
-    try:
-        result = run_evaluation(cluster, cfg, label=label, policy_version=0, skills=skills)
-    finally:
-        cluster.shutdown()
-    out = Path(cfg.run.output_dir) / "eval"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{label}.json").write_text(result.model_dump_json(indent=2))
+    results = run_eval_command(cfg, model_path, label=label, skills=skills)  # type: ignore[arg-type]
     if skills is not None:
-        (out / f"{label}.skills.json").write_text(json.dumps(
+        (Path(cfg.run.output_dir) / "eval" / f"{label}.skills.json").write_text(json.dumps(
             {tid: {"skill_id": sid, "text": text} for tid, (sid, text) in sorted(skills.shown.items())}, indent=2))
-    print_eval(result)
-    return result
+    return results

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -11,7 +12,10 @@ from deploy.config import TrainConfig
 from deploy.config_loading import ConfigError, resolve_model_path, save_resolved
 from deploy.evaluation import EvalResult
 from deploy.metrics import MetricsSink
-from deploy.trainer import Trainer, TrainerState, latest_checkpoint, run_evaluation
+from deploy.trainer import Trainer, TrainerState, latest_checkpoint, run_evaluations
+
+if TYPE_CHECKING:
+    from deploy.stages.uniskill import UniSkillStage
 
 console = Console(stderr=True)
 
@@ -78,15 +82,19 @@ def print_eval(result: EvalResult) -> None:
                       + (f"  score {r.score:.1f}" if r.score is not None else ""))
 
 
-def run_eval_command(cfg: TrainConfig, model_path: str, *, label: str = "eval") -> EvalResult:
-    """Evaluate an HF directory on the fixed set with rollout workers only (no learner)."""
+def run_eval_command(cfg: TrainConfig, model_path: str, *, label: str = "eval",
+                     skills: UniSkillStage | None = None) -> list[EvalResult]:
+    """Evaluate an HF directory on the fixed set of every split of `eval.splits` with rollout
+    workers only (no learner); writes eval/<label>[-<split>].json per split. `skills` fills the
+    actor's skill slot (a finished UniSkill run's bank, `deploy.eval_skills`)."""
     cluster = Cluster.start(cfg, resolve_model_path(model_path), with_learner=False)
     try:
-        result = run_evaluation(cluster, cfg, label=label, policy_version=0)
+        results = run_evaluations(cluster, cfg, label=label, policy_version=0, skills=skills)
     finally:
         cluster.shutdown()
     out = Path(cfg.run.output_dir) / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{label}.json").write_text(result.model_dump_json(indent=2))
-    print_eval(result)
-    return result
+    for result in results:
+        (out / f"{result.label}.json").write_text(result.model_dump_json(indent=2))
+        print_eval(result)
+    return results
