@@ -210,15 +210,20 @@ def test_reaper_recognises_marked_processes_only(tmp_path):
 
 
 # ---- timeouts ----------------------------------------------------------------------------------
-def test_a_collective_whose_peer_never_joins_errors_out_within_its_timeout(tmp_path):
+@pytest.mark.parametrize("rendezvous", ["file", "tcp"])
+def test_a_collective_whose_peer_never_joins_errors_out_within_its_timeout(tmp_path, rendezvous):
     """Rank 0 of a 2-rank group whose rank 1 never comes: init_process_group raises after the
-    configured timeout instead of waiting forever."""
+    configured timeout instead of waiting forever, on one node (FileStore) and across nodes (a
+    TCPStore served by rank 0)."""
+    from deploy.topology import _free_port
+
+    where = str(tmp_path / "store") if rendezvous == "file" else f"tcp://127.0.0.1:{_free_port('127.0.0.1')}"
     code = f"""
-import time, torch.distributed as dist
+import time
 from learner.backends import init_process_group_on_node
 start = time.monotonic()
 try:
-    init_process_group_on_node({str(tmp_path / "store")!r}, rank=0, world_size=2, backend="gloo", timeout_s=3)
+    init_process_group_on_node({where!r}, rank=0, world_size=2, backend="gloo", timeout_s=3)
 except Exception as err:
     print("raised", type(err).__name__, round(time.monotonic() - start, 1))
 """

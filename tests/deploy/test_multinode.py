@@ -89,29 +89,3 @@ def test_learner_ranks_span_two_nodes(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
-
-
-def test_tcp_rendezvous_whose_peer_never_joins_errors_out_within_its_timeout():
-    """Rank 0 of a 2-rank TCP rendezvous whose rank 1 never comes raises after the configured
-    timeout instead of waiting forever (as the one-node FileStore path does)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from deploy.topology import _free_port
-
-    code = f"""
-import time
-from learner.backends import init_process_group_on_node
-start = time.monotonic()
-try:
-    init_process_group_on_node("tcp://127.0.0.1:{_free_port('127.0.0.1')}", rank=0, world_size=2, backend="gloo",
-                               timeout_s=3)
-except Exception as err:
-    print("raised", type(err).__name__, round(time.monotonic() - start, 1))
-"""
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2], check=False)
-    words = res.stdout.split()
-    assert words[:1] == ["raised"], res.stdout + res.stderr[-2000:]
-    assert float(words[2]) < 30
