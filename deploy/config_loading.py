@@ -122,6 +122,23 @@ def expand_env(tree: Any, env: dict[str, str] | None = None, _key: str = "") -> 
     return _ENV_REF.sub(one, tree)
 
 
+def _unicode_text(tree: Any, _key: str = "") -> Any:
+    """Join the UTF-16 surrogate pairs YAML leaves split (`"\\ud800\\udc00"` in a YAML file or a --set
+    value is one character), and refuse a lone surrogate: it cannot be written to the resolved config."""
+    if isinstance(tree, dict):
+        return {_unicode_text(k, _key): _unicode_text(v, f"{_key}.{k}" if _key else str(k))
+                for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_unicode_text(v, f"{_key}[{i}]") for i, v in enumerate(tree)]
+    if not isinstance(tree, str) or tree.isascii():
+        return tree
+    try:
+        return tree.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{_key}={tree!r} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                          "escape), which is not text: write the character itself or a full pair") from None
+
+
 def _check_cross_section(cfg: TrainConfig) -> None:
     """Checks that need more than one section or the driver's environment."""
     from envs.tasks import is_generated
@@ -143,7 +160,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     source = str(path) if path is not None else "<defaults>"
     tree = apply_overrides(tree, overrides or [])
     try:
-        tree = expand_env(tree)
+        tree = _unicode_text(expand_env(tree))
     except RecursionError:  # a YAML alias that contains itself, or absurd nesting
         raise ConfigError(f"config {source} nests too deeply or refers to itself (YAML alias cycle)") from None
     try:

@@ -146,3 +146,13 @@ def test_a_hub_id_missing_from_the_cache_names_the_model_and_how_to_provide_it(t
                                           r"\(HF_HUB_OFFLINE=1.*huggingface-cli download Qwen/Qwen2.5-7B-Instruct"
                                           r".*--set model.path="):
         resolve_model_path("Qwen/Qwen2.5-7B-Instruct")
+
+
+def test_escaped_surrogate_pairs_join_and_a_lone_surrogate_names_the_key(tmp_path):
+    """YAML reads "\\ud800\\udc00" as two surrogates; the loader joins them into one character, so
+    the resolved config can be written, and refuses an unpaired one by key."""
+    cfg = load_config(None, ['run.name="\\ud800\\udc00x"'])
+    assert cfg.run.name == "\U00010000x"
+    save_resolved(cfg, tmp_path)
+    with pytest.raises(ConfigError, match=r"run\.name=.*lone UTF-16 surrogate"):
+        load_config(None, ['run.name="\\udc00"'])
