@@ -3,7 +3,11 @@ policy that wins about half of its episodes (the `warm_model` fixture on smoke_c
 env), groups hold successes, so failed and successful episodes get references, matched turns get
 teacher prompts, the teacher pass scores them and the SD loss joins the update. The routing
 metrics are checked against the references the archived trajectories imply, and the SD loss is
-shown to change the update against the same step with learner.sd.coef=0 on the same seeds."""
+shown to change the update against the same step with learner.sd.coef=0 on the same seeds.
+
+The configs that differ from a trained one only in the teacher block's parts (REPLAYED) do not
+train again: their router replays the smrc_sd run's archived step (`routing_replay`), whose
+routing metrics the replay must first reproduce exactly."""
 
 import json
 import os
@@ -28,7 +32,10 @@ def _distilling(config: Path) -> bool:
 
 
 # one per distilling method row + ablations (UniSkill and environment smoke configs have their own tests)
-CONFIGS = [c for c in sorted((ROOT / "deploy" / "configs").glob("smoke_cpu_*.yaml")) if _distilling(c)]
+DISTILLING = [c for c in sorted((ROOT / "deploy" / "configs").glob("smoke_cpu_*.yaml")) if _distilling(c)]
+REPLAYED = {"smoke_cpu_context_only", "smoke_cpu_smrc_sd_candidate_only", "smoke_cpu_smrc_sd_summary_only"}
+"""Same sampling, rule family and learner path as a trained config; only the teacher block differs."""
+CONFIGS = [c for c in DISTILLING if c.stem not in REPLAYED]
 SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_smrc_sd.yaml"
 GIGPO = ROOT / "deploy" / "configs" / "smoke_cpu_gigpo.yaml"
 
@@ -91,23 +98,11 @@ def test_method_config_routes_turns(config, runs):
     expected = load_config(config).method
     run = runs(config)
     step, trajs = run.step, run.trajectories
-    total = sum(len(t["turns"]) for t in trajs)
-    referenced = _with_reference(trajs)
-    with_reference = sum(len(t["turns"]) for t in referenced)
-    assert referenced, f"no group of the step holds a success: {[(t['group_id'], t['success']) for t in trajs]}"
-
-    # routing metrics are shares of the step's turns; the references are the ones the archive implies
-    routed = round(step["route/teacher_rows"] * total)
-    matched = round(step["route/coverage_structured"] * total)
-    assert step["route/turns_with_reference"] == pytest.approx(with_reference / total)
-    assert matched >= len(referenced)  # at least turn 0: the reference started in the same state
-    rule = RULES[expected.name][0]
-    if rule == "all":  # fullpath_sd, context_only, skill_sd, sdar: every turn of a trajectory with a reference
-        assert routed == with_reference
+    routed, referenced, total = _check_routing(step, trajs, RULES[expected.name][0])
+    if RULES[expected.name][0] == "all":
         routed_tokens = sum(len(turn["response_ids"]) for t in referenced for turn in t["turns"])
         assert step["sd/teacher_tokens"] == routed_tokens
-    else:  # the matched turns, or as many turns as matched drawn at random
-        assert routed == matched and 0 < routed <= with_reference
+    else:
         assert step["sd/teacher_tokens"] >= routed  # at least one response token per routed row
 
     # the learner scored every routed row under its teacher prompt and added a nonzero SD loss
@@ -121,6 +116,43 @@ def test_method_config_routes_turns(config, runs):
 
     saved = run.config["method"]
     assert saved["name"] == expected.name and tuple(saved["context_parts"] or ()) == tuple(expected.context_parts or ())
+
+
+def _check_routing(metrics: dict, trajs: list[dict], rule: str) -> tuple[int, list[dict], int]:
+    """Routing metrics are shares of the step's turns and the references are the ones the archive
+    implies; returns (routed turns, trajectories with a reference, total turns)."""
+    total = sum(len(t["turns"]) for t in trajs)
+    referenced = _with_reference(trajs)
+    with_reference = sum(len(t["turns"]) for t in referenced)
+    assert referenced, f"no group of the step holds a success: {[(t['group_id'], t['success']) for t in trajs]}"
+    routed = round(metrics["route/teacher_rows"] * total)
+    matched = round(metrics["route/coverage_structured"] * total)
+    assert metrics["route/turns_with_reference"] == pytest.approx(with_reference / total)
+    assert matched >= len(referenced)  # at least turn 0: the reference started in the same state
+    if rule == "all":  # fullpath_sd, context_only, skill_sd, sdar: every turn of a trajectory with a reference
+        assert routed == with_reference
+    else:  # the matched turns, or as many turns as matched drawn at random
+        assert routed == matched and 0 < routed <= with_reference
+    return routed, referenced, total
+
+
+REPLAY = [c for c in DISTILLING if c.stem in REPLAYED]
+
+
+@pytest.mark.parametrize("config", REPLAY, ids=[c.stem for c in REPLAY])
+def test_ablation_config_routes_the_trained_step(config, runs, warm_model):
+    from transformers import AutoTokenizer
+
+    from deploy.stages.smrc_sd import RULES
+    from tests.deploy.routing_replay import check_teacher_blocks, replay_routing
+
+    trained = runs(SMRC_SD)
+    _, again = replay_routing(SMRC_SD, warm_model, trained.trajectories)
+    assert {k: v for k, v in again.metrics.items() if k.startswith("route/")} == pytest.approx(
+        {k: v for k, v in trained.step.items() if k.startswith("route/")})  # the replay is the driver's routing
+    cfg, result = replay_routing(config, warm_model, trained.trajectories)
+    _check_routing(result.metrics, trained.trajectories, RULES[cfg.method.name][0])
+    check_teacher_blocks(cfg, result, AutoTokenizer.from_pretrained(str(warm_model)))
 
 
 def test_sd_loss_changes_the_update(runs):

@@ -1,7 +1,10 @@
 """The routing stage on WebShop: a shopper's winning episode (embedded env, through the rollout
 loop) is the reference of tiny-model episodes of the same task; signatures come from the WebShop
-tracker and teacher prompts from the WebShop renderer. Then every WebShop method smoke config
-(smoke_cpu_webshop_*.yaml, GiGPO included) trains one step end to end."""
+tracker and teacher prompts from the WebShop renderer. Then the WebShop method smoke configs of
+each turn rule (smrc_sd: matched, fullpath_sd: all, random_turn: random) and GiGPO train one step
+end to end; the others, which sample the same step and differ only in the teacher block they route
+(context parts, or a skill block for Skill-SD / SDAR, whose loss forms the ALFWorld configs train
+end to end), replay the smrc_sd run's archived step through their own router (`routing_replay`)."""
 
 import json
 import os
@@ -130,7 +133,11 @@ def test_smrc_routes_matched_turns_with_webshop_context(episodes):
 
 E2E = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parents[2]
-WEBSHOP_SD = sorted(c for c in (ROOT / "deploy" / "configs").glob("smoke_cpu_webshop_*.yaml") if "gigpo" not in c.stem)
+WEBSHOP_ALL_SD = sorted(c for c in (ROOT / "deploy" / "configs").glob("smoke_cpu_webshop_*.yaml") if "gigpo" not in c.stem)
+TRAINED = {"smoke_cpu_webshop_smrc_sd", "smoke_cpu_webshop_fullpath_sd", "smoke_cpu_webshop_random_turn"}
+WEBSHOP_SD = [c for c in WEBSHOP_ALL_SD if c.stem in TRAINED]
+WEBSHOP_REPLAYED = [c for c in WEBSHOP_ALL_SD if c.stem not in TRAINED]
+WEBSHOP_SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_webshop_smrc_sd.yaml"
 WEBSHOP_GIGPO = ROOT / "deploy" / "configs" / "smoke_cpu_webshop_gigpo.yaml"
 TEST_SETS = ("run.total_steps=1", "eval.at_end=false", "env.max_steps=6", "env.webshop_success_score=0.5")
 
@@ -248,3 +255,37 @@ def test_replay_audit_counts_webshop_wins_not_purchases():
         _, _, terminated, _, info = env.step(action)
     assert terminated and info["score"] < ENV.webshop_success_score and not info["won"]
     assert not replay_candidate(env, task, wrong[:1], wrong[1:])  # a purchase, not a win
+
+
+@pytest.mark.parametrize("config", WEBSHOP_REPLAYED, ids=[c.stem for c in WEBSHOP_REPLAYED])
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.ray
+def test_webshop_method_config_routes_the_trained_step(config, webshop_runs, model):
+    """The replay of the smrc_sd run's step reproduces its routing metrics; under `config` the
+    references are the same, the method's rule picks the turns and the teacher blocks show the
+    config's parts (or its skill block); the config selects the method's loss form."""
+    from transformers import AutoTokenizer
+
+    from deploy.config_sections import SKILL_METHOD_SD_FORM
+    from deploy.stages.smrc_sd import RULES
+    from tests.deploy.routing_replay import check_teacher_blocks, replay_routing
+
+    trained = webshop_runs(WEBSHOP_SMRC_SD)
+    trajs = trained["trajectories"]
+    _, again = replay_routing(WEBSHOP_SMRC_SD, model, trajs, *TEST_SETS)
+    assert {k: v for k, v in again.metrics.items() if k.startswith("route/")} == pytest.approx(
+        {k: v for k, v in trained["step"].items() if k.startswith("route/")})
+    cfg, result = replay_routing(config, model, trajs, *TEST_SETS)
+    total = sum(len(t["turns"]) for t in trajs)
+    groups: dict[str, list[dict]] = {}
+    for t in trajs:
+        groups.setdefault(t["group_id"], []).append(t)
+    referenced = [t for g in groups.values() for t in g if any(o["success"] and o is not t for o in g)]
+    with_reference = sum(len(t["turns"]) for t in referenced)
+    assert result.metrics["route/turns_with_reference"] == pytest.approx(with_reference / total)
+    routed, matched = len(result.teacher_prompts), round(result.metrics["route/coverage_structured"] * total)
+    assert result.metrics["route/teacher_rows"] == pytest.approx(routed / total)
+    assert routed == (with_reference if RULES[cfg.method.name][0] == "all" else matched) and routed > 0
+    check_teacher_blocks(cfg, result, AutoTokenizer.from_pretrained(str(model)))
+    assert cfg.learner.sd.form == SKILL_METHOD_SD_FORM.get(cfg.method.name, "rkl")
