@@ -10,13 +10,17 @@ from typing import Annotated
 import typer
 
 from deploy.cli_env import env_app
+from deploy.cli_experiment import experiment_app
 from deploy.cli_skills import skills_app
+from deploy.cli_testbed import testbed_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Ray-distributed RL for LLM agents on multi-turn text environments.")
 
 app.add_typer(env_app, name="env")
 app.add_typer(skills_app, name="skills")
+app.add_typer(testbed_app, name="testbed")
+app.add_typer(experiment_app, name="experiment")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config (or a saved config.resolved.json)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="dotted override key=value; repeatable")]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploy.config import TrainConfig
+from deploy.elastic import actor_node, kill_unit, reassign_lost, worker_lost
 from deploy.recovery import (
     CallTimeout,
     LearnerGroupFailed,
@@ -63,6 +64,18 @@ def merge_stats(stats: Sequence[RolloutStats], wall_s: float) -> RolloutStats:
         env_s=sum(s.env_s for s in stats),
         total_s=wall_s,
     )
+
+
+@dataclass
+class PendingCalls:
+    """Worker calls in flight: the jobs (to re-run a dead worker's), their refs, and what they are."""
+
+    jobs: list[WorkerJob]
+    refs: list[Any]
+    what: str
+    start: float = field(default_factory=time.perf_counter)
+    handles: list[Any] = field(default_factory=list)
+    """The worker each job runs on (fixed at submission: indices shift when workers are removed)."""
 
 
 @dataclass
@@ -129,8 +142,16 @@ class Cluster:
         """Run `group_size` episodes per task across the rollout workers (chunked to env capacity);
         `skill_texts` (UniSkill) maps task_id -> the skill shown in that task's actor prompts.
         A worker that dies mid-collect loses its chunks only: they are collected again, whole, on
-        the restarted worker (same tasks, current weights); other workers' chunks are kept."""
-        start = time.perf_counter()
+        the restarted worker (same tasks, current weights); other workers' chunks are kept.
+        `submit_collect` + `wait_collect` (the pipelined driver calls them apart)."""
+        return self.wait_collect(self.submit_collect(tasks, group_size=group_size, policy_version=policy_version,
+                                                     temperature=temperature, skill_texts=skill_texts))
+
+    def submit_collect(
+        self, tasks: Sequence[TaskSpec], *, group_size: int, policy_version: int, temperature: float,
+        skill_texts: Mapping[str, str | None] | None = None,
+    ) -> PendingCalls:
+        """Put `collect`'s calls in the workers' queues and return at once (`deploy.pipeline`)."""
         per_call = max(1, self._episodes_per_worker() // group_size)
 
         def job(chunk: list[TaskSpec]) -> Callable[[Any], Any]:
@@ -142,9 +163,20 @@ class Cluster:
         for w in range(len(self.workers)):
             share = list(tasks[w :: len(self.workers)])
             jobs += [(w, job(share[i : i + per_call])) for i in range(0, len(share), per_call)]
-        results = self._on_workers(jobs, what="collect")
+        return self._submit_jobs(jobs, what="collect")
+
+    def wait_collect(self, pending: PendingCalls) -> tuple[list[Trajectory], RolloutStats]:
+        """The trajectories and merged stats of a `submit_collect` (wall time from submission)."""
+        results = self._finish_jobs(pending)
         trajectories = [t for trajs, _ in results for t in trajs]
-        return trajectories, merge_stats([s for _, s in results], time.perf_counter() - start)
+        return trajectories, merge_stats([s for _, s in results], time.perf_counter() - pending.start)
+
+    def wait_finished(self, pending: PendingCalls) -> None:
+        """Block until every call of `pending` has finished (or failed), without fetching results;
+        bounded by ray.call_timeout_s (a later `wait_collect` reports a call still unanswered)."""
+        import ray
+
+        ray.wait(list(pending.refs), num_returns=len(pending.refs), timeout=self._timeout_s, fetch_local=False)
 
     def generate_proposals(self, requests: Sequence[ProposalRequest]) -> list[list[Generation]]:
         """UniSkill proposals with the current weights: requests[i] on rollout worker i, all at
@@ -162,33 +194,44 @@ class Cluster:
         """Run every job on its worker and return the results in order. Jobs whose worker died are
         submitted again once the worker is back with the current weights; any other failure, or a
         call unanswered for ray.call_timeout_s, raises."""
+        return self._finish_jobs(self._submit_jobs(jobs, what=what))
+
+    def _submit_jobs(self, jobs: Sequence[WorkerJob], *, what: str) -> PendingCalls:
+        handles = [self.workers[w] for w, _ in jobs]
+        refs = [submit(h) for h, (_, submit) in zip(handles, jobs)]
+        self._submitted(what)
+        return PendingCalls(list(jobs), refs, what, handles=handles)
+
+    def _finish_jobs(self, pending: PendingCalls) -> list:
+        jobs, refs, what = pending.jobs, pending.refs, pending.what
+        handles = pending.handles or [self.workers[w] for w, _ in jobs]
         results: dict[int, Any] = {}
         todo = list(range(len(jobs)))
-        first = True
         while todo:
-            refs = [jobs[j][1](self.workers[jobs[j][0]]) for j in todo]
-            if first:
-                self._submitted(what)
-                first = False
             died: dict[int, tuple[BaseException, int]] = {}
             failed: list[int] = []
             for j, (value, err) in zip(todo, gather(refs, timeout_s=self._timeout_s, what=f"rollout {what}")):
                 if err is None:
                     results[j] = value
                     continue
-                w = jobs[j][0]
                 failed.append(j)
-                died[w] = (err, died.get(w, (err, 0))[1] + 1)
-            for w, (err, lost) in died.items():
-                self._recover_worker(w, err, lost_calls=lost, what=what)
+                w = self._worker_index(handles[j])
+                if w is not None:  # None: removed meanwhile (its node left); re-run on the survivors below
+                    died[w] = (err, died.get(w, (err, 0))[1] + 1)
+            lost = {w: n for w, (_, n) in died.items() if self._worker_lost(w)}
+            for w, (err, n) in died.items():
+                if w not in lost:
+                    self._recover_worker(w, err, lost_calls=n, what=what)
+            self.remove_workers(sorted(lost), reason=f"its node left during {what}", lost_calls=lost)
             todo = failed
+            owners = reassign_lost([self._worker_index(handles[j]) for j in todo], len(self.workers))
+            for j, w in zip(todo, owners):
+                handles[j] = self.workers[w]
+            refs = [jobs[j][1](handles[j]) for j in todo]
         return [results[j] for j in range(len(jobs))]
 
     def _recover_worker(self, w: int, err: BaseException, *, lost_calls: int, what: str) -> None:
-        """Wait for Ray to restart worker `w`, load the weights of `self.policy_version` into it
-        (exported again by the learners, unless this cluster has none: then the worker's own
-        model is the policy) and check it holds them: same version, same weight digest as the
-        last sync."""
+        """Wait for Ray to restart worker `w`, then bring it to the current weights (`_make_current`)."""
         name = f"rollout_worker_{w}"
         log.warning("%s died during %s (%s); waiting for Ray to restart it", name, what, type(err).__name__)
         start = time.perf_counter()
@@ -196,7 +239,16 @@ class Cluster:
         wait_alive(lambda: handle.policy_version.remote(), timeout_s=self._timeout_s, what=f"{name} restart")
         if self._broadcast is not None:
             self._broadcast.reset()  # a new process: the weight-sync group is rebuilt at the next sync
-        facts = {"lost_calls": float(lost_calls)}
+        facts = {"lost_calls": float(lost_calls), **self._make_current(handle, name, w)}
+        self.recoveries.append(Recovery("rollout_worker", name, time.perf_counter() - start, facts))
+        log.warning("%s is back at policy version %d; re-running its %d lost %s call(s)", name, self.policy_version,
+                    lost_calls, what)
+
+    def _make_current(self, handle: Any, name: str, w: int) -> dict[str, float]:
+        """Load the weights of `self.policy_version` into a (re)started worker (exported again by the
+        learners, unless this cluster has none: then the worker's own model is the policy) and
+        check it holds them: same version, same weight digest as the last sync."""
+        facts: dict[str, float] = {}
         if self.learners:
             files_ref = self._export()
             [digest] = get_all([handle.load_weight_files.remote(files_ref, self.policy_version)],
@@ -216,8 +268,60 @@ class Cluster:
         if version != self.policy_version:
             raise RuntimeError(f"{name} restarted at policy version {version}, not {self.policy_version}")
         facts["policy_version"] = float(version)
-        self.recoveries.append(Recovery("rollout_worker", name, time.perf_counter() - start, facts))
-        log.warning("%s is back at policy version %d; re-running its %d lost %s call(s)", name, version, lost_calls, what)
+        return facts
+
+    # ---- elastic membership (rollout.num_workers=auto, `deploy.elastic`) -------------------------
+    def _worker_index(self, handle: Any) -> int | None:
+        return next((i for i, h in enumerate(self.workers) if h is handle), None)
+
+    def _worker_lost(self, w: int) -> bool:
+        """With rollout.num_workers=auto, a dead worker whose node left is removed, not awaited."""
+        return self.cfg.rollout.num_workers == "auto" and worker_lost(self.workers[w])
+
+    def add_workers(self, workers: Sequence[Any], pools: Sequence[Sequence[Any]]) -> int:
+        """Join started workers (pools[i]: workers[i]'s env pools) once each holds the current
+        policy version (`_make_current`); a worker that fails to start is killed with its pools
+        and skipped. The weight-sync group is rebuilt at the next sync. Returns how many joined."""
+        joined = 0
+        for handle, mine in zip(workers, pools):
+            name = actor_node(handle)[2] or "new rollout worker"
+            try:
+                wait_alive(lambda h=handle: h.policy_version.remote(), timeout_s=self._timeout_s, what=f"{name} start")
+                self._make_current(handle, name, len(self.workers))
+            except LearnerGroupFailed:  # exporting the weights failed: the trainer replaces the group
+                kill_unit(handle, mine)
+                raise
+            except Exception as err:  # noqa: BLE001 - the run goes on with the workers it has
+                log.warning("%s did not start (%s: %s); continuing without it", name, type(err).__name__, err)
+                kill_unit(handle, mine)
+                continue
+            self.workers.append(handle)
+            self.pools.extend(mine)
+            joined += 1
+        if joined and self._broadcast is not None:
+            self._broadcast.reset()
+        return joined
+
+    def remove_workers(self, indices: Sequence[int], *, reason: str, lost_calls: Mapping[int, int] | None = None) -> int:
+        """Kill rollout workers `indices` (no restart) with their env pools (with num_workers=auto
+        worker k owns pools[k*P:(k+1)*P], P = ray.env_pools) and drop them from the cluster; each is
+        a Recovery. The weight-sync group is rebuilt at the next sync. Raises when none is left."""
+        per, start = self.cfg.ray.env_pools, time.perf_counter()
+        for w in sorted(indices, reverse=True):
+            handle = self.workers.pop(w)
+            name = actor_node(handle)[2] or f"rollout worker #{w}"
+            mine, self.pools[w * per:(w + 1) * per] = self.pools[w * per:(w + 1) * per], []
+            kill_unit(handle, mine)
+            lost = (lost_calls or {}).get(w, 0)
+            log.warning("%s removed (%s); %d call(s) it lost re-run on the %d surviving worker(s)",
+                        name, reason, lost, len(self.workers))
+            self.recoveries.append(Recovery("rollout_worker", name, time.perf_counter() - start,
+                                            {"workers_removed": 1.0, "reassigned_calls": float(lost)}))
+        if indices and not self.workers:
+            raise RuntimeError(f"every rollout worker is gone ({reason}); add a node with room for one")
+        if indices and self._broadcast is not None:
+            self._broadcast.reset()
+        return len(indices)
 
     # ---- learners ----------------------------------------------------------------------------
     def _on_learners(self, submit: Callable[[Any], Any], *, what: str) -> list:

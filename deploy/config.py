@@ -150,9 +150,17 @@ class TrainConfig(Section):
     def _pools_hold_a_group(self) -> TrainConfig:
         """Episodes run in waves of whole groups, so each worker's pools must hold one group."""
         r = self.ray
-        if r.env_pools < self.rollout.num_workers:
+        if self.rollout.num_workers == "auto":  # each worker brings ray.env_pools pools of its own (`deploy.elastic`)
+            if self.engine.tensor_parallel_size > 1:
+                raise ValueError("rollout.num_workers=auto places one worker and its pools per free slot of a node, "
+                                 "which tensor-parallel engines (placement groups) do not support yet; set "
+                                 f"rollout.num_workers to a number with engine.tensor_parallel_size="
+                                 f"{self.engine.tensor_parallel_size}")
+            per_worker = r.env_pools * r.envs_per_pool
+        elif r.env_pools < self.rollout.num_workers:
             raise ValueError(f"ray.env_pools={r.env_pools} must be >= rollout.num_workers={self.rollout.num_workers}")
-        per_worker = (r.env_pools // self.rollout.num_workers) * r.envs_per_pool
+        else:
+            per_worker = (r.env_pools // self.rollout.num_workers) * r.envs_per_pool
         max_len = self.engine.max_model_len
         needed = self.rollout.max_prompt_tokens + self.rollout.max_response_tokens
         if max_len is not None and max_len < needed:

@@ -202,6 +202,27 @@ class SFTConfig(Section):
     """Turns per optimiser step."""
     seed: int = 0
     """Seed for demo task sampling and batching."""
+    teacher_fraction: float = Field(0.0, ge=0.0, lt=0.5)
+    """Share of all SFT examples that are SMRC-SD teacher-block turns (`deploy.testbed.teacher_data`:
+    an expert turn shown with a teacher block routed from another successful trajectory of the same
+    task, at matched and unmatched positions); 0 = plain expert turns only."""
+    skill_fraction: float = Field(0.0, ge=0.0, lt=0.5)
+    """Share of all SFT examples that are UniSkill skill turns (`deploy.testbed.skill_data`: an expert
+    turn with a ground-truth skill in the actor prompt's skill slot, half helpful for the task, half
+    about another task type or product category); 0 = none."""
+    proposer_fraction: float = Field(0.0, ge=0.0, lt=0.5)
+    """Share of all SFT examples that are UniSkill proposer turns (`deploy.testbed.skill_data`: the
+    proposer prompt for an expert success and a real failure of one task, target = the right op and a
+    ground-truth skill in the bank's valid charset); 0 = none."""
+
+    @model_validator(mode="after")
+    def _plain_majority(self) -> SFTConfig:
+        fractions = {k: v for k, v in self if k.endswith("_fraction")}
+        if sum(fractions.values()) >= 0.5:
+            raise ValueError(
+                f"sft fractions {fractions} sum to {sum(fractions.values()):g}: plain expert turns must stay the "
+                "majority of the SFT examples, so lower them until they sum to < 0.5")
+        return self
 
 
 class SyncConfig(Section):

@@ -45,10 +45,18 @@ class Recovery:
 
 def is_actor_death(err: BaseException) -> bool:
     """True for errors that mean the actor process is gone or restarting (not a Python exception
-    raised by the method, which is a bug and must surface)."""
-    from ray.exceptions import RayActorError
+    raised by the method, which is a bug and must surface). An actor Ray cannot place again (its
+    node left and it was pinned there: ActorUnschedulableError), and a finished call whose result
+    was lost with the actor's node (ObjectLostError), count as gone too (`deploy.elastic`)."""
+    from ray.exceptions import (
+        ActorUnschedulableError,
+        ObjectLostError,
+        ObjectReconstructionFailedError,
+        RayActorError,
+    )
 
-    return isinstance(err, RayActorError)
+    return (isinstance(err, (RayActorError, ActorUnschedulableError, ObjectReconstructionFailedError))
+            or type(err) is ObjectLostError)  # not its subclasses for freed objects or fetch timeouts
 
 
 def gather(refs: Sequence[Any], *, timeout_s: float, what: str, knob: str = "ray.call_timeout_s",

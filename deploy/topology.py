@@ -33,7 +33,7 @@ PLACEMENT_TIMEOUT_S = 120
 
 def _required_cpus(cfg: TrainConfig, with_learner: bool) -> float:
     r = cfg.ray
-    need = r.env_pools * r.env_pool_cpus + cfg.rollout.num_workers * r.rollout_cpus
+    need = r.env_pools * r.env_pool_cpus + cfg.rollout.initial_workers * r.rollout_cpus
     return need + (r.num_learners * r.learner_cpus if with_learner else 0.0)
 
 
@@ -57,7 +57,9 @@ def init_ray(cfg: TrainConfig) -> None:
         start_reaper()  # the local cluster and what it starts go when this driver goes, even on SIGKILL
         cores = cfg.ray.num_cpus or os.cpu_count() or 1
         # Logical CPUs: phases run one after another, so oversubscribing cores is intended.
-        kwargs.update(num_cpus=max(cores, math.ceil(_required_cpus(cfg, with_learner=True))),
+        # address="local": a new cluster of this driver's own, even when a `ray start` node runs on
+        # this machine (plain ray.init() would join it and then refuse num_cpus).
+        kwargs.update(address="local", num_cpus=max(cores, math.ceil(_required_cpus(cfg, with_learner=True))),
                       include_dashboard=False)
     # No job-level runtime_env here: under `ray job submit` the job's own (working_dir, env) stays.
     ray.init(**kwargs)
@@ -72,7 +74,7 @@ def check_resources(cfg: TrainConfig, *, with_learner: bool) -> None:
     bank = cfg.uniskill.bank
     bank_gpus = bank.embedding_gpus if cfg.uniskill.enabled and bank.embedding_device == "cuda" else 0.0
     wants = {"CPU": _required_cpus(cfg, with_learner),
-             "GPU": cfg.rollout.num_workers * r.rollout_gpus + (r.num_learners * r.learner_gpus if with_learner else 0)
+             "GPU": cfg.rollout.initial_workers * r.rollout_gpus + (r.num_learners * r.learner_gpus if with_learner else 0)
              + bank_gpus}
     have = ray.cluster_resources()
     knobs = {"CPU": "ray.env_pools x ray.env_pool_cpus + rollout.num_workers x ray.rollout_cpus",
@@ -96,8 +98,19 @@ def _actor_env(cpus: float, *, gpu: bool = False, log_name: str) -> dict:
     return logs.actor_runtime_env({"env_vars": env}, log_name)
 
 
-def start_env_pools(cfg: TrainConfig) -> list:
-    """EnvPool actors, restarted by Ray when they die (episodes in flight end with env_error)."""
+def _on_node(node_id: str | None) -> dict:
+    """Ray options pinning an actor to `node_id` (None: Ray places it). Hard affinity: an elastic
+    worker and its pools go where `deploy.elastic.plan_scale` found room for them."""
+    if node_id is None:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+
+
+def start_env_pools(cfg: TrainConfig, *, first: int = 0, node_id: str | None = None) -> list:
+    """`ray.env_pools` EnvPool actors named env_pool_{first}..., restarted by Ray when they die
+    (episodes in flight end with env_error); on `node_id` when given (`deploy.elastic`)."""
     import ray
 
     from deploy.actors import RemoteEnvPool
@@ -105,10 +118,10 @@ def start_env_pools(cfg: TrainConfig) -> list:
 
     actor_cls = ray.remote(EnvPool)
     pools = []
-    for i in range(cfg.ray.env_pools):
+    for i in range(first, first + cfg.ray.env_pools):
         handle = actor_cls.options(
             name=f"env_pool_{i}", num_cpus=cfg.ray.env_pool_cpus, max_restarts=-1,
-            max_task_retries=0, runtime_env=_actor_env(1, log_name=f"env_pool_{i}"),
+            max_task_retries=0, runtime_env=_actor_env(1, log_name=f"env_pool_{i}"), **_on_node(node_id),
         ).remote(cfg.env, cfg.ray.envs_per_pool)
         pools.append(RemoteEnvPool(handle, cfg.ray.envs_per_pool, name=f"env_pool_{i}",
                                    namespace=ray.get_runtime_context().namespace))
@@ -168,16 +181,18 @@ def remove_rollout_placements() -> int:
     return removed
 
 
-def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) -> list:
-    """RolloutWorker actors; pool i serves worker i % num_workers. Ray restarts a dead worker up
-    to run.max_restarts times (from `model_path`: `deploy.cluster.Cluster` then reloads the
-    current weights and re-runs the calls it lost). A tensor-parallel engine gets a placement
-    group of its own (`rollout_bundles`)."""
+def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence, *, count: int | None = None,
+                          first: int = 0, node_id: str | None = None) -> list:
+    """`count` (default `rollout.initial_workers`) RolloutWorker actors named rollout_worker_{first}...;
+    pool i serves worker i % count. Ray restarts a dead worker up to run.max_restarts times (from
+    `model_path`: `deploy.cluster.Cluster` then reloads the current weights and re-runs the calls
+    it lost). A tensor-parallel engine gets a placement group of its own (`rollout_bundles`). On
+    `node_id` when given (an elastic worker, `deploy.elastic`)."""
     import ray
 
     from rollout_workers.worker import RolloutWorker
 
-    n = cfg.rollout.num_workers
+    n = count if count is not None else cfg.rollout.initial_workers
     if len(pools) < n:
         raise ValueError(f"ray.env_pools={len(pools)} must be >= rollout.num_workers={n}")
     actor_cls = ray.remote(RolloutWorker)
@@ -185,7 +200,8 @@ def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence) ->
     for w in range(n):
         mine = [p for i, p in enumerate(pools) if i % n == w]
         workers.append(actor_cls.options(
-            max_restarts=cfg.run.max_restarts, max_task_retries=0, **rollout_worker_options(cfg, w),
+            max_restarts=cfg.run.max_restarts, max_task_retries=0,
+            **{**rollout_worker_options(cfg, first + w), **_on_node(node_id)},
         ).remote(cfg.engine, cfg.rollout, model_path, mine))
     return workers
 

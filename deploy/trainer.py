@@ -19,9 +19,11 @@ from pathlib import Path
 
 from deploy.cluster import Cluster
 from deploy.config import TrainConfig
+from deploy.elastic import ElasticRollout
 from deploy.evaluation import EvalResult, summarize_eval
 from deploy.faults import FaultInjector
 from deploy.metrics import MetricsSink, rollout_metrics
+from deploy.pipeline import RolloutPipeline, check_staleness, may_prefetch
 from deploy.recovery import LearnerGroupFailed, Recovery
 from deploy.stages.smrc_sd import RoutingResult, TeacherRouter
 from deploy.stages.uniskill import ProposalBatch, UniSkillStage
@@ -148,29 +150,36 @@ class Trainer:
                          has_checkpoint=lambda step: self._checkpoint_dir(step).joinpath("trainer_state.json").exists())
         self.learner_restarts = 0
         self._current = 0  # the step being trained, evaluated or checkpointed
+        self.pipeline = RolloutPipeline(cluster, cfg.rollout.max_staleness)
+        self.elastic = ElasticRollout(cfg, cluster)  # rollout.num_workers=auto: workers join/leave between steps
 
     # ---- one step, as a table of contents -------------------------------------------------
     def train_step(self, step: int) -> dict[str, float | int]:
+        begin = time.perf_counter()
         timer = StageTimer(on_enter=lambda stage: self.faults.stage(stage, step))
-        with timer("sample"):
-            tasks = sample_tasks(self.cfg.env, "train", self.cfg.rollout.tasks_per_step,
-                                 step_seed(self.cfg.run.seed, step))
-        with timer("retrieve"):
-            shown = self.retrieve_skills(tasks)
+        prefetched = self.pipeline.in_flight_step == step  # submitted during the step before (K >= 1)
+        job = None if prefetched else self.prepare_rollout(step, timer)
         with timer("rollout"):
-            trajs, rstats = self.cluster.collect(
-                tasks, group_size=self.cfg.rollout.group_size, policy_version=self.state.policy_version,
-                temperature=self.cfg.rollout.temperature, skill_texts=shown)
+            if job is not None:
+                self.pipeline.submit(step, **job)
+            batch = self.pipeline.take(step, prefetched=prefetched)
+        trajs, rstats = batch.trajectories, batch.stats
         played = self.exclude_infrastructure_failures(trajs, step)
         with timer("route"):
             routed = self.route(played, step)
         with timer("propose"):
             proposals = self.propose_skills(played, step)
+        if self._may_prefetch(step):  # step k+1's rollout runs while step k trains (rollout.max_staleness)
+            job = self.prepare_rollout(step + 1, StageTimer(on_enter=lambda stage: self.faults.stage(stage, step + 1)))
+            self.faults.stage("rollout", step + 1)
+            self.pipeline.submit(step + 1, **job)
         if self.cfg.run.save_trajectories:
             self.sink.save_trajectories(step, trajs)
         rows = rows_from_trajectories(played, routed.teacher_prompts or None, gamma=self.cfg.learner.gigpo_gamma)
         learn: dict[str, float] = {}
         scores: list = []
+        stale = check_staleness(played, self.state.policy_version, self.cfg.rollout.max_staleness, step)
+        sync_wait = 0.0
         if rows:  # every episode can end before its first turn (env errors): then no update
             prop_rows, align = self.skills.learner_inputs(proposals, rows) if proposals else ([], [])
             with timer("learn"):
@@ -178,6 +187,7 @@ class Trainer:
                                              proposer_warmup=proposals is not None and proposals.warmup)
                 learn, scores = learner_log_dict(metrics), metrics.proposal_scores
             with timer("sync"):
+                sync_wait = self.pipeline.wait_engines()  # the next step's rollout finishes generating first
                 self.state.policy_version += 1
                 self.cluster.sync_weights(self.state.policy_version)
             learn.update({f"sync/{k}": v for k, v in self.cluster.last_sync.items() if k != "seconds"})
@@ -186,9 +196,30 @@ class Trainer:
         self.sink.save_proposals(step, proposals.records if proposals is not None else [])
         self.state.step = step
         return {"step": step, "policy_version": self.state.policy_version,
-                **rollout_metrics(trajs), **routed.metrics, **learn, **committed,
+                **rollout_metrics(trajs), **routed.metrics, **learn, **committed, **batch.extra,
                 "rollout/generate_s": rstats.generate_s, "rollout/env_s": rstats.env_s,
-                **timer.seconds, **self.faults.step_metrics(step)}
+                **batch.seconds, **timer.seconds, **self.faults.step_metrics(step),
+                "async/staleness_mean": stale[0], "async/staleness_max": float(stale[1]),
+                "async/learner_wait_s": batch.wait_s, "async/sync_wait_s": sync_wait,
+                "time/step_s": time.perf_counter() - begin}
+
+    def prepare_rollout(self, step: int, timer: StageTimer) -> dict:
+        """Sample step's tasks and retrieve their skills (UniSkill: the bank as of the last commit,
+        that of step `self.state.step`): the arguments of `RolloutPipeline.submit`."""
+        with timer("sample"):
+            tasks = sample_tasks(self.cfg.env, "train", self.cfg.rollout.tasks_per_step,
+                                 step_seed(self.cfg.run.seed, step))
+        with timer("retrieve"):
+            shown = self.retrieve_skills(tasks)
+        extra = {"uniskill/bank_commit_seen": float(self.state.step)} if self.skills is not None else {}
+        return {"tasks": tasks, "group_size": self.cfg.rollout.group_size, "policy_version": self.state.policy_version,
+                "temperature": self.cfg.rollout.temperature, "skill_texts": shown, "seconds": timer.seconds,
+                "extra": extra}
+
+    def _may_prefetch(self, step: int) -> bool:
+        run = self.cfg.run
+        return may_prefetch(step, max_staleness=self.cfg.rollout.max_staleness, total_steps=run.total_steps,
+                            eval_every=run.eval_every, checkpoint_every=run.checkpoint_every)
 
     @staticmethod
     def exclude_infrastructure_failures(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
@@ -248,7 +279,7 @@ class Trainer:
         cfg = self.cfg.run
         for step in range(self.state.step + 1, cfg.total_steps + 1):
             self._current = step
-            record = self.train_step(step)
+            record = {**self.elastic.rescale(step), **self.train_step(step)}  # rescale first: between steps
             self.sink.log_step(record)
             progress(record)
             if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.total_steps:
@@ -288,6 +319,9 @@ class Trainer:
         log.warning("step %d: %s; restarting the learner group from %s (restart %d of at most %d)",
                     failed, err, ckpt or "the initial model", self.learner_restarts, limit)
         start = time.perf_counter()
+        dropped = self.pipeline.discard()  # the replay re-collects it
+        if dropped is not None:
+            log.warning("dropped the in-flight rollout of step %d; it is collected again in the replay", dropped)
         self.cluster.restart_learners()
         if ckpt is not None:
             self.resume(ckpt)
@@ -300,12 +334,16 @@ class Trainer:
             {"replayed_steps": float(failed - 1 - self.state.step), "restored_step": float(self.state.step)})])
 
     def close(self) -> None:
-        """Release what the method stages hold (UniSkill: the skill-bank actor and its server)."""
+        """Drain the in-flight rollout (K >= 1) and release what the method stages hold (UniSkill:
+        the skill-bank actor and its server)."""
+        self.pipeline.discard()
         if self.skills is not None:
             self.skills.close()
 
     def evaluate(self, label: str) -> list[EvalResult]:
-        """Evaluate on every split of `eval.eval_splits` and log each result."""
+        """Evaluate on every split of `eval.eval_splits` and log each result (after the in-flight
+        rollout, if any, has finished: none is at a scheduled evaluation, `deploy.pipeline.may_prefetch`)."""
+        self.pipeline.wait_engines()
         results = run_evaluations(self.cluster, self.cfg, label=label, policy_version=self.state.policy_version,
                                   skills=self.skills)
         for result in results:
@@ -317,7 +355,10 @@ class Trainer:
 
     def checkpoint(self) -> Path:
         """checkpoints/step_N/{learner/, hf/, router_buffer.jsonl, trainer_state.json}; trainer_state
-        is written last (SMRC-SD's success buffer travels with the checkpoint)."""
+        is written last (SMRC-SD's success buffer travels with the checkpoint). A rollout in flight
+        (only at an unscheduled checkpoint: the fault injector's) is drained, not saved: a resumed
+        run collects that step again."""
+        self.pipeline.wait_engines()
         ckpt = self._checkpoint_dir(self.state.step)
         ckpt.mkdir(parents=True, exist_ok=True)
         self.cluster.save_checkpoint(ckpt / "learner")
@@ -331,6 +372,7 @@ class Trainer:
 
     def resume(self, ckpt: Path) -> None:
         """Continue from `ckpt`: the steps logged after it are dropped from metrics.jsonl and replayed."""
+        self.pipeline.discard()
         self.state = TrainerState.load(ckpt / "trainer_state.json")
         self.cluster.load_checkpoint(ckpt / "learner")
         if self.router is not None:

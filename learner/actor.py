@@ -21,6 +21,7 @@ from learner.algos import (
     cap_invalid_advantages,
     grpo_advantages,
     kl_penalty,
+    off_policy_policy_loss,
     penalised_scores,
     ppo_policy_loss,
 )
@@ -176,10 +177,17 @@ def actor_micro_loss(
         if cfg.log_entropy and scores.entropy is not None:
             tally.add("entropy_sum", (scores.entropy.detach() * mask).sum())
         tally.add("sampler_diff_sum", ((scores.logp.detach() - old_logp).abs() * mask).sum())
-    pl = ppo_policy_loss(
-        scores.logp, old_logp, adv, mask,
-        clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c,
-    )  # fmt: skip
+    if cfg.off_policy == "none":
+        pl = ppo_policy_loss(
+            scores.logp, old_logp, adv, mask,
+            clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c,
+        )  # fmt: skip
+    else:  # old_logp = pi_prox (recomputed), the sampler's log-probs = pi_behav (docs/algorithms.md)
+        pl, _ = off_policy_policy_loss(
+            scores.logp, old_logp, micro.sampler_logp.to(device), adv, mask,
+            method=cfg.off_policy, cap=cfg.tis_cap,
+            clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c,
+        )  # fmt: skip
     agg = functools.partial(
         agg_loss, mask=mask, mode=cfg.loss_agg, global_denominator=den.loss,
         row_weights=w, norm_length=data.batch.response_length,

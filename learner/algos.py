@@ -157,6 +157,88 @@ def ppo_policy_loss(
 
 
 # ---------------------------------------------------------------------------------------------
+# off-policy correction (docs/algorithms.md "Off-policy correction")
+
+OFF_POLICY_METHODS = ("none", "decoupled", "tis")
+
+
+@dataclass(frozen=True)
+class BehaviourWeights:
+    """Per-token behaviour importance weights w = pi_prox / pi_behav, all (B, L), detached, 0
+    outside the mask."""
+
+    weight: torch.Tensor  # the weight the loss applies (after the cap)
+    raw: torch.Tensor  # exp(clamp(prox_logp - behav_logp, +-20)) before the cap
+    capped: torch.Tensor  # 1 where the cap changed the weight (truncated or dropped)
+
+
+def behaviour_weights(
+    prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, *, method: str, cap: float | None
+) -> BehaviourWeights:
+    """w = exp(clamp(prox_logp - behav_logp, +-20)) per token, bounded by the cap C:
+    method "tis" truncates (w <- min(w, C)); method "decoupled" drops the token (w <- 0 where
+    w > C, AReaL's behaviour-weight cap). cap=None: no bound. (B, L) x3 -> BehaviourWeights.
+    """
+    if method not in ("decoupled", "tis"):
+        raise ValueError(f"behaviour_weights: method must be 'decoupled' or 'tis', got {method!r}")
+    if cap is not None and cap <= 1.0:
+        raise ValueError(f"the importance-weight cap must be > 1 (or None), got {cap}")
+    log_w = (prox_logp.detach() - behav_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    raw = log_w.exp() * mask
+    if cap is None:
+        return BehaviourWeights(weight=raw, raw=raw, capped=torch.zeros_like(raw))
+    over = (raw > cap).to(raw.dtype) * mask
+    weight = raw.clamp(max=cap) if method == "tis" else torch.where(over > 0, torch.zeros_like(raw), raw)
+    return BehaviourWeights(weight=weight, raw=raw, capped=over)
+
+
+def off_policy_policy_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    method: str,
+    cap: float | None,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float,
+) -> tuple[PolicyLoss, BehaviourWeights]:
+    """The PPO loss corrected for a stale / mismatched sampler (three policies):
+    loss = w * ppo_policy_loss(logp, prox_logp, A) per token, w = `behaviour_weights(prox_logp,
+    behav_logp)` detached. logp (B, L) with grad = pi_theta; prox_logp (B, L) = the learner's
+    recomputed log-probs at the step's start weights (the PPO trust region is centred on them);
+    behav_logp (B, L) = the sampler's recorded log-probs. clipped / clipped_lower / approx_kl are
+    those of the surrogate around prox_logp (unweighted)."""
+    surrogate = ppo_policy_loss(
+        logp, prox_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c
+    )
+    w = behaviour_weights(prox_logp, behav_logp, mask, method=method, cap=cap)
+    return PolicyLoss(
+        loss=surrogate.loss * w.weight,
+        clipped=surrogate.clipped,
+        clipped_lower=surrogate.clipped_lower,
+        approx_kl=surrogate.approx_kl,
+    ), w
+
+
+def staleness(row_versions: torch.Tensor, learner_version: int) -> torch.Tensor:
+    """Per-row staleness = learner_version - row_version for stamped rows (row_version >= 0;
+    -1 = unknown). (B,) int64 -> (b,) int64 over the stamped rows only. A row newer than the
+    learner (negative staleness) is an error: those weights do not exist on this learner."""
+    stamped = row_versions[row_versions >= 0]
+    lag = learner_version - stamped
+    if bool((lag < 0).any()):
+        raise ValueError(
+            f"rows stamped with policy_version {int(stamped.max())} but the learner is at version "
+            f"{learner_version}: the rows were sampled with weights this learner never produced "
+            "(was it restored from an older checkpoint than the rollout engines?)"
+        )
+    return lag
+
+
+# ---------------------------------------------------------------------------------------------
 # KL to the reference policy
 
 

@@ -39,6 +39,7 @@ class TrajectoryLike(Protocol):
     def score(self) -> float: ...
     @property
     def turns(self) -> Sequence[TurnLike]: ...
+    # optional (`rollout_workers.types.Trajectory` has it): policy_version: int, copied onto every row
 
 
 def rows_from_trajectories(
@@ -48,8 +49,10 @@ def rows_from_trajectories(
     gamma: float = 1.0,
 ) -> list[TrainRow]:
     """One row per turn (verl-agent): every row of a trajectory carries the episode score.
-    For GiGPO each row also carries its anchor key (a digest of the observation the turn acted on)
-    and its discounted return with discount `gamma` (`learner.gigpo`), both over all env steps.
+    Every row carries its trajectory's `policy_version` (the engine's weights when it sampled;
+    None when the trajectory has none). For GiGPO each row also carries its anchor key (a digest
+    of the observation the turn acted on) and its discounted return with discount `gamma`
+    (`learner.gigpo`), both over all env steps.
 
     Turns without response tokens (nothing was generated) cannot be trained on and are dropped.
     `teacher_prompts` (SMRC-SD routing) maps (traj_id, turn index in `traj.turns`) to the
@@ -59,6 +62,7 @@ def rows_from_trajectories(
     teacher_prompts = teacher_prompts or {}
     rows = []
     for traj in trajectories:
+        version = getattr(traj, "policy_version", None)
         returns = discounted_returns([float(getattr(t, "reward", 0.0)) for t in traj.turns], gamma)
         for step_idx, turn in enumerate(traj.turns):
             if not turn.response_ids:
@@ -78,6 +82,7 @@ def rows_from_trajectories(
                     teacher_prompt_ids=_teacher_prompt(teacher_prompts, traj.traj_id, step_idx),
                     anchor_key=_anchor(turn),
                     step_return=returns[step_idx],
+                    policy_version=None if version is None else int(version),
                 )
             )
     return rows
@@ -157,6 +162,7 @@ def collate_rows(rows: Sequence[TrainRow], *, pad_token_id: int) -> TokenBatch:
         traj_index=traj_index,
         traj_num_rows=torch.bincount(traj_index)[traj_index],
         row_index=torch.arange(n),
+        policy_version=torch.tensor([-1 if r.policy_version is None else r.policy_version for r in rows]),
         anchor_index=_dense_index([(r.group_id, r.anchor_key or (r.traj_id, r.step_idx)) for r in rows]),
         step_returns=torch.tensor([r.step_return for r in rows], dtype=torch.float32),
     )
@@ -186,6 +192,7 @@ def select_rows(batch: TokenBatch, index: torch.Tensor) -> TokenBatch:
         traj_index=batch.traj_index[index],
         traj_num_rows=batch.traj_num_rows[index],
         row_index=batch.row_index[index],
+        policy_version=batch.policy_version[index],
         anchor_index=None if batch.anchor_index is None else batch.anchor_index[index],
         step_returns=None if batch.step_returns is None else batch.step_returns[index],
     )

@@ -32,3 +32,12 @@ def all_reduce_tensor(t: torch.Tensor, *, world_size: int, device: torch.device)
 def barrier(world_size: int) -> None:
     if _distributed(world_size):
         torch.distributed.barrier()
+
+
+def all_reduce_max(value: float, *, world_size: int, device: torch.device) -> float:
+    """The largest `value` over ranks (float64)."""
+    if not _distributed(world_size):
+        return float(value)
+    vec = torch.tensor([value], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MAX)
+    return float(vec.item())

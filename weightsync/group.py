@@ -92,7 +92,8 @@ class WeightGroup:
             if spec.store_file is not None:
                 store = dist.FileStore(spec.store_file, spec.world_size)
             else:
-                store = dist.TCPStore(spec.host, spec.port, spec.world_size, False, timeout=_timeout(spec))
+                # rank 0 hosts the store (at the port `spec.port` its node probed free); the others connect
+                store = dist.TCPStore(spec.host, spec.port, spec.world_size, rank == 0, timeout=_timeout(spec))
         store.set_timeout(_timeout(spec))
         self._store = dist.PrefixStore(f"weightsync/{spec.name}", store)
         try:

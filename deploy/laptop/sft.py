@@ -25,8 +25,12 @@ from envs.registry import make_env
 from envs.tasks import sample_tasks
 from envs.types import TaskSpec
 from rollout_workers.config import RolloutConfig
+from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.parsing import action_choice
-from rollout_workers.prompts import render_alfworld_message, render_prompt_ids, task_description
+from rollout_workers.prompts import render_prompt_ids
+
+EXTRA_KINDS = ("teacher", "skill", "proposer")
+"""Context-literate SFT turn families (issue 14), each with an `sft.<kind>_fraction` of all examples."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ class ExpertTurn:
 
 def expert_episodes(env_cfg: EnvConfig, tasks: list[TaskSpec]) -> list[list[ExpertTurn]]:
     """Play the handcoded expert on each task; only won episodes are kept (all, by construction)."""
+    return [episode for _, episode in won_expert_episodes(env_cfg, tasks)]
+
+
+def won_expert_episodes(env_cfg: EnvConfig, tasks: list[TaskSpec]) -> list[tuple[TaskSpec, list[ExpertTurn]]]:
+    """(task, expert episode) for each task the expert wins (all, unless env.max_steps cuts it short)."""
     env = make_env(env_cfg)
     episodes = []
     for task in tasks:
@@ -49,17 +58,20 @@ def expert_episodes(env_cfg: EnvConfig, tasks: list[TaskSpec]) -> list[list[Expe
             obs, _, won, truncated, info = env.step(action)
             done = won or truncated
         if won:
-            episodes.append(turns)
+            episodes.append((task, turns))
     return episodes
 
 
-def _messages(episode: list[ExpertTurn], rollout_cfg: RolloutConfig) -> list[tuple[str, str]]:
-    """(user message, assistant response) per turn, exactly as the rollout loop renders them."""
-    task_text = task_description(episode[0].observation)
+def _messages(episode: list[ExpertTurn], rollout_cfg: RolloutConfig, env: str = "alfworld") -> list[tuple[str, str]]:
+    """(user message, assistant response) per turn, exactly as the rollout loop renders them (the
+    env's template and task line, `rollout_workers.env_profiles`; the embedded envs' reset
+    observations always show the instruction)."""
+    profile = rollout_profile(env)
+    task_text = profile.instruction(episode[0].observation)
     history: list[tuple[str, str]] = []
     out = []
     for turn in episode:
-        message = render_alfworld_message(
+        message = profile.render_message(
             task=task_text, current_observation=turn.observation, admissible_actions=turn.admissible,
             history=history, history_length=rollout_cfg.history_length, use_think=rollout_cfg.use_think)
         out.append((message, action_choice(turn.action)))
@@ -67,27 +79,55 @@ def _messages(episode: list[ExpertTurn], rollout_cfg: RolloutConfig) -> list[tup
     return out
 
 
-def demo_rows(tokenizer, rollout_cfg: RolloutConfig, episodes: list[list[ExpertTurn]]) -> list[tuple[list[int], list[int]]]:
+def demo_rows(tokenizer, rollout_cfg: RolloutConfig, episodes: list[list[ExpertTurn]],
+              env: str = "alfworld") -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids incl. EOS) per expert turn, token-exact with the rollout loop."""
     if rollout_cfg.use_think:
         raise ValueError("SFT demonstrations carry no reasoning text: set rollout.use_think=false")
     rows = []
     for episode in episodes:
-        for message, response in _messages(episode, rollout_cfg):
+        for message, response in _messages(episode, rollout_cfg, env):
             prompt = render_prompt_ids(tokenizer, message)
             rows.append((prompt, tokenizer.encode(response, add_special_tokens=False) + [tokenizer.eos_token_id]))
     return rows
 
 
-def build_model_from_env(cfg: TrainConfig, out: str | Path, *, num_episodes: int = 200) -> Path:
-    """Tokenizer corpus = chat-rendered expert episodes (train split) + every feedback form."""
+def build_model_from_env(cfg: TrainConfig, out: str | Path, *, num_episodes: int = 200,
+                         extra_corpus: list[str] | None = None) -> Path:
+    """Tokenizer corpus = chat-rendered expert episodes (train split) + every feedback form, plus
+    `extra_corpus` (the testbed adds teacher / skill / proposer prompt text so their tokens merge)."""
     tasks = sample_tasks(cfg.env, "train", num_episodes, seed=cfg.run.seed + 1_000_003)
     corpus = []
     for episode in expert_episodes(cfg.env, tasks):
-        for message, response in _messages(episode, cfg.rollout):
+        for message, response in _messages(episode, cfg.rollout, cfg.env.name):
             corpus.append(f"<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n{response}<|im_end|>\n")
     corpus.append("Nothing happens.")
+    corpus.extend(extra_corpus or ())
     return build_tiny_model(out, corpus, cfg.sft.tiny_model)
+
+
+def extra_turns(cfg: TrainConfig, tokenizer, episodes, tasks, num_plain: int, rng: random.Random) -> list:
+    """The context-literate turns (`deploy.testbed`, issue 14) to mix with `num_plain` plain rows:
+    kind k gets round(f_k * N) examples, N = num_plain / (1 - sum f) the total, so each
+    `sft.<k>_fraction` is its share of all SFT examples. None when every fraction is 0."""
+    fractions = {k: getattr(cfg.sft, f"{k}_fraction", 0.0) for k in EXTRA_KINDS}
+    total = num_plain / (1.0 - sum(fractions.values()))
+    out = []
+    for kind, fraction in fractions.items():
+        n = round(fraction * total)
+        if n <= 0:
+            continue
+        if kind == "teacher":
+            from deploy.testbed.teacher_data import teacher_turns as build
+        else:
+            try:
+                from deploy.testbed import skill_data
+            except ImportError as err:
+                raise ValueError(f"sft.{kind}_fraction={fraction} needs deploy/testbed/skill_data.py, which is "
+                                 f"missing ({err}); set sft.{kind}_fraction=0") from None
+            build = getattr(skill_data, f"{kind}_turns")
+        out.extend(build(cfg, tokenizer, episodes, tasks, rng, n=n))
+    return out
 
 
 def _batches(rows, batch_rows: int, rng: random.Random):
@@ -132,8 +172,17 @@ def run_sft(cfg: TrainConfig, model_path: str, out: str | Path, *, num_tasks: in
     torch.manual_seed(s.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    tasks = sample_tasks(cfg.env, "train", num_tasks, seed=s.seed)
-    rows = demo_rows(tokenizer, cfg.rollout, expert_episodes(cfg.env, tasks))
+    won = won_expert_episodes(cfg.env, sample_tasks(cfg.env, "train", num_tasks, seed=s.seed))
+    episodes = [episode for _, episode in won]
+    rows = demo_rows(tokenizer, cfg.rollout, episodes, cfg.env.name)
+    kinds = {"plain": len(rows)}
+    extra = extra_turns(cfg, tokenizer, episodes, [task for task, _ in won], len(rows), random.Random(s.seed + 1))
+    limit = model.config.max_position_embeddings
+    too_long = sum(len(t.prompt_ids) + len(t.target_ids) > limit for t in extra)
+    for turn in extra:
+        if len(turn.prompt_ids) + len(turn.target_ids) <= limit:  # longer rows cannot be scored at all
+            rows.append((list(turn.prompt_ids), list(turn.target_ids)))
+            kinds[turn.kind] = kinds.get(turn.kind, 0) + 1
     rng = random.Random(s.seed)
     total = s.epochs * math.ceil(len(rows) / s.batch_rows)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.01)
@@ -164,7 +213,7 @@ def run_sft(cfg: TrainConfig, model_path: str, out: str | Path, *, num_tasks: in
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     elapsed = time.perf_counter() - start
-    summary = {"rows": len(rows), "episodes": num_tasks, "optimizer_steps": done_steps, "tokens": tokens,
+    summary = {"rows": len(rows), "rows_by_kind": kinds, "dropped_longer_than_model": too_long, "episodes": num_tasks, "optimizer_steps": done_steps, "tokens": tokens,
                "seconds": elapsed, "tokens_per_s": tokens / max(elapsed, 1e-9), "final_loss": log[-1]["loss"] if log else None,
                "note": "cold start: the tiny model has no language prior; SFT on expert demos is its only warm start"}
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))

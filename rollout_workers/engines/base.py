@@ -11,6 +11,11 @@ Contract of `generate` (token-in/token-out):
   `Generation.allowed_token_ids[j]` lists the ids that were allowed at position j;
 - `temperature=0` is greedy decoding; its logprobs are then those of the untempered distribution;
 - request i is seeded with `derive_seed(seed, i)`, so a call is reproducible.
+
+`AsyncEngine` (the per-episode loop, `rollout.loop: async`) serves one request per call,
+`generate_one`, with the same contract for that request; `seed` is the request's own seed (what
+`generate` derives as `derive_seed(seed, i)` for row i). Concurrent calls are served together
+(continuous batching on vLLM), so a request never waits for another one to finish first.
 """
 
 from __future__ import annotations
@@ -43,6 +48,40 @@ class Engine(Protocol):
     # Collective weight sync (`sync.method: broadcast`, weightsync/): both engines implement
     # `weight_group_ranks` (members it contributes), `join_weight_group(spec, base_rank)`,
     # `receive_weights() -> tensors loaded` and `leave_weight_group()`.
+
+
+class AsyncEngine(Protocol):
+    """An engine serving single requests concurrently on an asyncio event loop. Weight updates
+    (`reload_weights`, `receive_weights`) must not run while a request is in flight: the caller
+    (`RolloutWorker`) orders them."""
+
+    tokenizer: object
+
+    async def generate_one(
+        self,
+        prompt: list[int],
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int,
+        choices: list[str] | None = None,
+    ) -> Generation: ...
+
+    async def generate_batch(
+        self,
+        prompts: list[list[int]],
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int,
+        choices: list[list[str]] | None = None,
+    ) -> list[Generation]:
+        """`Engine.generate`'s contract (request i seeded with `derive_seed(seed, i)`)."""
+        ...
+
+    async def reload_weights(self, path: str) -> None: ...
 
 
 _MASK63 = (1 << 63) - 1

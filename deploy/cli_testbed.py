@@ -1,0 +1,116 @@
+"""`python -m deploy testbed ...`: the laptop testbed (issue 14): build the context-literate cold start,
+then measure its in-context abilities on held-out tasks (docs/testbed.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+testbed_app = typer.Typer(no_args_is_help=True, help="Context-literate cold start (build) and its abilities.")
+
+DEFAULT_CONFIG = Path("deploy/configs/demo_cpu.yaml")
+EnvOpt = Annotated[Literal["alfworld", "webshop"] | None,
+                   typer.Option("--env", help="environment (default: the config's env.name)")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (build default: demo_cpu.yaml; "
+                                                                      "abilities default: DIR/config.resolved.json)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="dotted override key=value; repeatable")]
+
+
+def _load(config: Path | None, overrides: list[str]):
+    from deploy.config_loading import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides)
+    except ConfigError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _env_set(env: str | None) -> list[str]:
+    return [f"env.name={env}"] if env else []
+
+
+@testbed_app.command("build")
+def build(
+    out: Annotated[Path, typer.Option("--out", help="output directory (DIR/model, DIR/build.json)")],
+    env: EnvOpt = None,
+    minutes: Annotated[float, typer.Option("--minutes", help="wall-clock budget for the whole build")] = 18.0,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    corpus_episodes: Annotated[int, typer.Option(help="expert episodes in the tokenizer corpus")] = 200,
+) -> None:
+    """Tokenizer + tiny model + SFT on plain, teacher-block, skill and proposer turns (sft.*_fraction)."""
+    from deploy.testbed.build import build_testbed, testbed_overrides
+
+    if minutes <= 0:
+        typer.secho(f"--minutes must be > 0, got {minutes}", fg="red", err=True)
+        raise typer.Exit(2)
+    cfg = _load(config or DEFAULT_CONFIG, [*testbed_overrides(), *_env_set(env), *(set_ or [])])
+    if cfg.rollout.use_think:
+        typer.secho("SFT targets carry no reasoning: set rollout.use_think=false", fg="red", err=True)
+        raise typer.Exit(2)
+    record = build_testbed(cfg, out, minutes=minutes, corpus_episodes=corpus_episodes)
+    typer.echo(f"testbed model written to {record['model']} ({record['seconds']['total'] / 60:.1f} min)")
+
+
+def _model_dirs(model: Path) -> tuple[Path, Path]:
+    """(the HF model directory, the directory holding build outputs): DIR/model inside a build
+    directory, else DIR itself."""
+    if (model / "model" / "config.json").exists():
+        return model / "model", model
+    if (model / "config.json").exists():
+        return model, model
+    typer.secho(f"--model {model}: neither {model}/config.json nor {model}/model/config.json exists; pass a "
+                "`testbed build --out` directory or an HF model directory", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+@testbed_app.command("abilities")
+def abilities(
+    model: Annotated[Path, typer.Option("--model", help="a `testbed build` directory (or an HF model directory)")],
+    env: EnvOpt = None,
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="held-out (valid_unseen) tasks")] = 30,
+    seed: Annotated[int, typer.Option("--seed", help="detours, sampling and bootstrap seed")] = 0,
+    out: Annotated[Path | None, typer.Option("--out", help="JSON path (default DIR/abilities.json)")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Teacher context gain, skill gain and proposer validity on held-out tasks (three lines)."""
+    from rich.console import Console
+
+    from deploy.testbed.abilities import ability_lines, teacher_gain_detail
+    from deploy.testbed.skill_abilities import proposer_validity, skill_gain
+    from envs.tasks import eval_tasks
+
+    model_dir, home = _model_dirs(model)
+    resolved = home / "config.resolved.json"
+    cfg = _load(config or (resolved if resolved.exists() else DEFAULT_CONFIG),
+                [*_env_set(env), f"model.path={model_dir}", *(set_ or [])])
+    held_out = eval_tasks(cfg.env, "valid_unseen", tasks)
+    console = Console(stderr=True)
+    console.print(f"[bold]testbed abilities[/] {model_dir} env={cfg.env.name} tasks={len(held_out)} (valid_unseen)")
+    try:
+        with console.status("teacher context gain"):
+            teacher = teacher_gain_detail(cfg, str(model_dir), held_out, seed=seed)
+        with console.status("skill gain"):
+            skill = skill_gain(cfg, str(model_dir), held_out, seed=seed)
+        with console.status("proposer validity"):
+            proposer = proposer_validity(cfg, str(model_dir), held_out, seed=seed)
+    except ValueError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
+    path = out or home / "abilities.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"model": str(model_dir), "env": cfg.env.name, "split": "valid_unseen", "tasks": len(held_out),
+              "seed": seed, "teacher_context_gain": teacher.to_json(),
+              "skill_gain": {"mean": skill.mean, "lo": skill.lo, "hi": skill.hi, "n": skill.n,
+                             "per_item": list(skill.per_item)},
+              "proposer_valid": {"mean": proposer.mean, "lo": proposer.lo, "hi": proposer.hi, "n": proposer.n,
+                                 "per_item": list(proposer.per_item)}}
+    path.write_text(json.dumps(record, indent=2))
+    console.print(f"written {path}")
+    for line in ability_lines(teacher.figure, skill, proposer):
+        typer.echo(line)

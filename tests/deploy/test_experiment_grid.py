@@ -1,0 +1,320 @@
+"""Grid files and the experiment runner's pure parts (deploy/experiment/): schema errors that name the
+key, the shipped grids, run planning, skip/resume decisions and the statistics of the report on
+synthetic runs with hand-checked numbers. The real grid runs in test_experiment_e2e.py."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from deploy.config_loading import load_config
+from deploy.evaluation import EvalResult
+from deploy.experiment.grid import GridError, load_grid, plan_runs, run_overrides, run_state
+from deploy.experiment.report import (
+    CurvePoint,
+    RunResult,
+    curve_band,
+    mean_se,
+    paired_vs_reference,
+    summarize_arm,
+    write_report,
+)
+from deploy.experiment.runner import (
+    collect_result,
+    ensure_model,
+    move_aside,
+    run_args,
+    run_grid,
+    train_command,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+GRIDS = ROOT / "deploy" / "experiments"
+
+VALID = """\
+name: g1
+base: {base}
+model:
+  path: /models/x
+overrides:
+  run.total_steps: 2
+eval:
+  num_tasks: 4
+  k: 2
+arms:
+  grpo:
+  smrc:
+    method.name: smrc_sd
+    learner.sd.coef: 0.1
+seeds: [0, 1, 2]
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "grid.yaml"
+    p.write_text(text.replace("{base}", str(ROOT / "deploy" / "configs" / "smoke_cpu.yaml")))
+    return p
+
+
+@pytest.mark.parametrize(("change", "names"), [
+    (("seeds: [0, 1, 2]", "seeds: [0, 1]"), ["seeds", "min_seeds=3"]),
+    (("seeds: [0, 1, 2]", "seeds: [0, 0, 1]"), ["seeds", "distinct"]),
+    (("  run.total_steps: 2", "  run.total_steps: 2\n  run.seed: 4"), ["overrides.run.seed"]),
+    (("    learner.sd.coef: 0.1", "    learner.sd.coef: 0.1\n    run.total_steps: 9"), ["arms.smrc.run.total_steps"]),
+    (("    learner.sd.coef: 0.1", "    learner.sd.coef: 0.1\n    env.preset: hard"), ["arms.smrc.env.preset"]),
+    (("    learner.sd.coef: 0.1", "    learner.sd.coef: 0.1\n    eval.k: 8"), ["arms.smrc.eval.k"]),
+    (("    learner.sd.coef: 0.1", "    learner:\n      sd: 1"), ["arms.smrc.learner", "dotted keys"]),
+    (("seeds:", "reference: nope\nseeds:"), ["reference", "nope"]),
+    (("seeds:", "comparisons: [[smrc, grpoo]]\nseeds:"), ["comparisons", "grpoo"]),
+    (("eval:", "evals:"), ["evals", "unknown key"]),
+    (("  path: /models/x", "  path: /models/x\n  build:\n    out: runs/tb"), ["model", "exactly one"]),
+    (("name: g1", "name: G 1"), ["name"]),
+    (("  grpo:", "  Bad Arm:"), ["arms.Bad Arm"]),
+])
+def test_grid_errors_name_the_key(tmp_path, change, names):
+    text = VALID.replace(*change)
+    assert text != VALID
+    with pytest.raises(GridError) as err:
+        load_grid(_write(tmp_path, text))
+    for name in names:
+        assert name in str(err.value), str(err.value)
+
+
+def test_grid_file_and_base_must_exist(tmp_path):
+    with pytest.raises(GridError, match="does not exist"):
+        load_grid(tmp_path / "missing.yaml")
+    p = tmp_path / "grid.yaml"
+    p.write_text(VALID.replace("{base}", "nowhere.yaml"))
+    grid = load_grid(p)
+    run = plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res")[0]
+    with pytest.raises(GridError, match="base='nowhere.yaml'"):
+        run_args(grid, p, run, "/models/x")
+
+
+def test_an_arm_that_does_not_validate_fails_before_any_run(tmp_path):
+    p = _write(tmp_path, VALID.replace("method.name: smrc_sd", "method.name: smrc"))
+    grid = load_grid(p)
+    with pytest.raises(GridError, match=r"(?s)arm smrc .*method\.name"):
+        run_grid(grid, p, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", python="/nonexistent/python")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plan_is_seed_major_and_filters(tmp_path):
+    grid = load_grid(_write(tmp_path, VALID))
+    plan = plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res")
+    assert [r.key for r in plan] == ["grpo_seed0", "smrc_seed0", "grpo_seed1", "smrc_seed1", "grpo_seed2", "smrc_seed2"]
+    assert plan[1].run_dir == tmp_path / "runs" / "smrc_seed0"
+    assert plan[1].result_path == tmp_path / "res" / "smrc_seed0.json"
+    only = plan_runs(grid, runs_dir=tmp_path, results_dir=tmp_path, only=["smrc"], seeds=[2, 0])
+    assert [r.key for r in only] == ["smrc_seed0", "smrc_seed2"]
+    with pytest.raises(GridError, match="--only nope"):
+        plan_runs(grid, runs_dir=tmp_path, results_dir=tmp_path, only=["nope"])
+    with pytest.raises(GridError, match="--seeds 7"):
+        plan_runs(grid, runs_dir=tmp_path, results_dir=tmp_path, seeds=[7])
+
+
+def test_a_seed_sets_every_seed_and_arms_share_the_rest(tmp_path):
+    p = _write(tmp_path, VALID)
+    grid = load_grid(p)
+    plan = plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res")
+    cfgs = {r.key: load_config(*run_args(grid, p, r, "/models/x")) for r in plan}
+    a, b = cfgs["grpo_seed1"], cfgs["smrc_seed1"]
+    assert (a.run.seed, a.rollout.seed, a.learner.seed) == (1, 1, 1)
+    assert a.method.name == "grpo" and b.method.name == "smrc_sd"
+    for section in ("env", "eval"):
+        assert getattr(a, section) == getattr(b, section)
+    assert (a.run.total_steps, a.rollout.tasks_per_step, a.eval.num_tasks, a.eval.k) == (2, 2, 4, 2)
+    assert a.run.output_dir == str(tmp_path / "runs" / "grpo_seed1") and a.model.path == "/models/x"
+    assert cfgs["grpo_seed0"].run.seed == 0
+    assert "run.seed=1" in run_overrides(grid, plan[2], "/m")
+
+
+def test_model_path_expands_variables(tmp_path, monkeypatch):
+    p = _write(tmp_path, VALID.replace("/models/x", "${H7_TEST_MODEL}"))
+    grid = load_grid(p)
+    monkeypatch.delenv("H7_TEST_MODEL", raising=False)
+    with pytest.raises(GridError, match="H7_TEST_MODEL is not set"):
+        run_grid(grid, p, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", python="/nonexistent/python")
+    monkeypatch.setenv("H7_TEST_MODEL", str(tmp_path / "empty"))
+    with pytest.raises(GridError, match="holds no config.json"):
+        run_grid(grid, p, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", python="/nonexistent/python")
+
+
+def test_a_built_model_is_reused_only_when_the_build_finished(tmp_path):
+    p = _write(tmp_path, VALID.replace("  path: /models/x", f"  build:\n    out: {tmp_path / 'tb'}"))
+    grid = load_grid(p)
+    (tmp_path / "tb" / "model").mkdir(parents=True)
+    (tmp_path / "tb" / "model" / "config.json").write_text("{}")
+    with pytest.raises(GridError, match="cannot start"):  # build.json missing: the build must run again
+        ensure_model(grid, python="/nonexistent/python", log=print)
+    (tmp_path / "tb" / "build.json").write_text("{}")
+    assert ensure_model(grid, python="/nonexistent/python", log=print) == str(tmp_path / "tb" / "model")
+
+
+@pytest.mark.parametrize("name", ["quick", "smrc_sd", "uniskill"])
+def test_shipped_grids_validate_every_arm(name, monkeypatch):
+    monkeypatch.setenv("TESTBED_MODEL", "/models/testbed")
+    path = GRIDS / f"{name}.yaml"
+    grid = load_grid(path)
+    assert len(grid.seeds) >= 3
+    expected = {"quick": {"grpo", "smrc_sd"},
+                "smrc_sd": {"grpo", "fullpath_sd", "smrc_sd", "routing_only", "random_turn"},
+                "uniskill": {"grpo", "uniskill", "actor_only", "no_r_align", "no_support_reg"}}[name]
+    assert set(grid.arms) == expected and grid.reference_arm == "grpo"
+    if name != "quick":  # the pre-registered pairs of docs/testbed.md besides "vs grpo"
+        pairs = {"smrc_sd": [("smrc_sd", "fullpath_sd"), ("routing_only", "random_turn")],
+                 "uniskill": [("uniskill", "actor_only")]}[name]
+        assert all(p in grid.comparisons for p in pairs)
+    plan = plan_runs(grid, runs_dir=Path("/tmp/runs"), results_dir=Path("/tmp/res"))
+    cfgs = {r.key: load_config(*run_args(grid, path, r, "/models/testbed")) for r in plan}
+    seed0 = [c for k, c in cfgs.items() if k.endswith("_seed0")]
+    budget = {(c.run.total_steps, c.rollout.tasks_per_step, c.rollout.group_size, c.env, c.eval) for c in seed0}
+    assert len(budget) == 1  # one budget, environment and evaluation for every arm
+    methods = {k.rsplit("_seed", 1)[0]: (c.method.name, c.uniskill.enabled and c.uniskill.variant) for k, c in cfgs.items()}
+    if name == "uniskill":
+        assert methods["grpo"] == ("grpo", False)
+        assert all(methods[a] == ("grpo", a) for a in expected - {"grpo"})
+    else:
+        assert all(methods[a] == (a, False) for a in expected)
+
+
+def _done_run(d: Path, *, total: int, split: str = "valid_unseen", checkpoint: bool = True) -> None:
+    (d / "eval").mkdir(parents=True)
+    (d / "eval" / f"step_{total:04d}.json").write_text(_eval({"t1": 1.0}, split=split).model_dump_json())
+    if checkpoint:
+        (d / "checkpoints" / f"step_{total:06d}").mkdir(parents=True)
+        (d / "checkpoints" / f"step_{total:06d}" / "trainer_state.json").write_text("{}")
+
+
+def test_run_state_skip_collect_resume_restart(tmp_path):
+    grid = load_grid(_write(tmp_path, VALID))
+    run = plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res")[0]
+    assert run_state(run, 2, "valid_unseen") == "fresh"
+    (run.run_dir / "logs").mkdir(parents=True)  # crashed before its first checkpoint
+    assert run_state(run, 2, "valid_unseen") == "restart"
+    aside = move_aside(run.run_dir)
+    assert aside.name == "grpo_seed0.crashed-1" and not run.run_dir.exists()
+    ckpt = run.run_dir / "checkpoints" / "step_000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"step": 1, "policy_version": 1}')  # crashed after step 1 of 2
+    assert run_state(run, 2, "valid_unseen") == "resume"
+    cmd = train_command("py", Path("base.yaml"), ["run.seed=0"], resume=True)
+    assert cmd == ["py", "-m", "deploy", "train", "--config", "base.yaml", "--set", "run.seed=0", "--resume"]
+    assert "--resume" not in train_command("py", Path("b"), [], resume=False)
+    _done_run(run.run_dir, total=2)  # trained and evaluated; the grid stopped before writing the JSON
+    assert run_state(run, 2, "valid_unseen") == "collect"
+    run.result_path.parent.mkdir(parents=True)
+    run.result_path.write_text("{}")
+    assert run_state(run, 2, "valid_unseen") == "done"
+
+
+def test_runs_with_results_json_are_skipped_without_training(tmp_path):
+    p = _write(tmp_path, VALID)
+    grid = load_grid(p)
+    plan = plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res")
+    for r in plan:
+        r.result_path.parent.mkdir(parents=True, exist_ok=True)
+        r.result_path.write_text("{}")
+    # the model does not exist and python cannot start: nothing may be attempted
+    outcome = run_grid(grid, p, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", python="/nonexistent/py")
+    assert outcome.skipped == [r.key for r in plan] and outcome.done == [] and outcome.failed == []
+
+
+def test_collect_result_reads_a_finished_run(tmp_path):
+    p = _write(tmp_path, VALID)
+    grid = load_grid(p)
+    run = plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res")[3]
+    d = run.run_dir
+    (d / "eval").mkdir(parents=True)
+    (d / "config.resolved.json").write_text(json.dumps({"run": {"total_steps": 2}}))
+    (d / "metrics.jsonl").write_text('{"step": 1, "success_rate": 0.25}\n{"step": 2, "success_rate": 0.5}\n')
+    (d / "eval" / "step_0000.json").write_text(_eval({"t1": 0.0, "t2": 0.5}, label="step_0000").model_dump_json())
+    (d / "eval" / "step_0002.json").write_text(_eval({"t1": 1.0, "t2": 0.5}, label="step_0002").model_dump_json())
+    (d / "eval" / "step_0002-train.json").write_text(_eval({"t9": 1.0}, split="train").model_dump_json())
+    (d / "experiment_seconds.json").write_text('{"seconds": 90.0}')
+    r = collect_result(grid, run, base=Path("b.yaml"), sets=["x=1"], commit="abc")
+    assert (r.arm, r.seed, r.total_steps, r.seconds, r.commit) == ("smrc", 1, 2, 90.0, "abc")
+    assert [(c.step, c.value) for c in r.success_curve] == [(1, 0.25), (2, 0.5)]
+    assert [(c.step, c.value) for c in r.eval_curve] == [(0, 0.25), (2, 0.75)]
+    assert r.final_eval.per_task == {"t1": 1.0, "t2": 0.5}
+
+
+# ---- statistics on synthetic runs (numbers checked by hand in the comments) ----------------------
+
+def _eval(per_task: dict[str, float], *, split: str = "valid_unseen", label: str = "step_0002") -> EvalResult:
+    avg = sum(per_task.values()) / len(per_task)
+    return EvalResult(label=label, split=split, num_tasks=len(per_task), k=2, temperature=0.4, avg_at_k=avg,
+                      avg_at_k_se=0.0, pass_at_k=sum(v > 0 for v in per_task.values()) / len(per_task),
+                      per_task_type={}, num_episodes=2 * len(per_task), end_reasons={}, policy_version=2,
+                      per_task=per_task)
+
+
+def _run(arm: str, seed: int, per_task: dict[str, float], curve=(0.0, 0.5), seconds=60.0) -> RunResult:
+    return RunResult(grid="g", arm=arm, seed=seed, total_steps=2, final_eval=_eval(per_task),
+                     success_curve=[CurvePoint(step=i + 1, value=v) for i, v in enumerate(curve)], eval_curve=[],
+                     base="b", overrides=[], config={}, commit="c", seconds=seconds)
+
+
+REF = [_run("grpo", 0, {"t1": 0.0, "t2": 0.5}), _run("grpo", 1, {"t1": 0.5, "t2": 0.5})]
+ARM = [_run("smrc", 0, {"t1": 1.0, "t2": 0.5}, curve=(0.5, 1.0)), _run("smrc", 1, {"t1": 0.5, "t2": 1.0}),
+       _run("smrc", 2, {"t1": 0.0, "t2": 0.0}, seconds=180.0)]
+
+
+def test_mean_and_se_over_seeds():
+    assert mean_se([1.0]) == (1.0, None)
+    m, se = mean_se([0.5, 0.25, 0.75])  # sd 0.25, s.e. 0.25 / sqrt(3)
+    assert m == pytest.approx(0.5) and se == pytest.approx(0.25 / math.sqrt(3))
+    s = summarize_arm("smrc", ARM)  # Avg@k per seed: 0.75, 0.75, 0.0 -> mean 0.5, sd sqrt(0.1875)
+    assert s.seeds == [0, 1, 2] and s.per_seed_avg_at_k == [0.75, 0.75, 0.0]
+    assert s.avg_at_k == pytest.approx(0.5) and s.avg_at_k_se == pytest.approx(math.sqrt(0.1875) / math.sqrt(3))
+    assert s.pass_at_k == pytest.approx(2 / 3) and s.minutes_per_run == pytest.approx(5 / 3)  # (60+60+180)/3 s
+
+
+def test_paired_difference_over_tasks_on_common_seeds():
+    p = paired_vs_reference("smrc", ARM, "grpo", REF, n_boot=2000)
+    # common seeds 0, 1 (smrc's seed 2 has no grpo partner); per-task means over them:
+    # smrc t1 (1.0+0.5)/2 = 0.75, t2 0.75; grpo t1 0.25, t2 0.5 -> differences 0.5 and 0.25
+    assert p.seeds == [0, 1] and p.num_tasks == 2
+    assert p.mean == pytest.approx(0.375) and p.se == pytest.approx(0.125)  # sd 0.25/sqrt(2), / sqrt(2)
+    # two tasks: every bootstrap mean is 0.25, 0.375 or 0.5 (0.25 and 0.5 each with chance 1/4)
+    assert (p.lo, p.hi) == (pytest.approx(0.25), pytest.approx(0.5))
+    assert paired_vs_reference("smrc", ARM[2:], "grpo", REF) is None
+    other = [_run("grpo", 0, {"t1": 0.0, "t3": 0.5})]
+    with pytest.raises(ValueError, match="different tasks"):
+        paired_vs_reference("smrc", ARM, "grpo", other)
+
+
+def test_learning_curve_band():
+    steps, means, ses = curve_band(ARM[:2])  # curves (0.5, 1.0) and (0.0, 0.5)
+    assert steps == [1, 2] and means == pytest.approx([0.25, 0.75]) and ses == pytest.approx([0.25, 0.25])
+
+
+def test_report_files(tmp_path):
+    table, summary_path = write_report("g", ["grpo", "smrc", "other"], "grpo", [*REF, *ARM], tmp_path,
+                                       expected=["grpo_seed0", "grpo_seed1", "grpo_seed2", "smrc_seed0"], k=2,
+                                       comparisons=[("grpo", "smrc"), ("other", "grpo")])
+    assert "| smrc | 0,1,2 | 0.500 ± 0.250 |" in table
+    assert "+0.375 ± 0.125 (n=2 tasks, seeds 0,1)" in table and "[+0.250, +0.500]" in table
+    assert "Not finished yet: grpo_seed2." in table
+    assert "| grpo - smrc | -0.375 ± 0.125 | [-0.500, -0.250] | 2 | 0,1 |" in table  # "other" has no run
+    summary = json.loads(summary_path.read_text())
+    assert summary["paired_vs_reference"]["smrc"]["mean"] == pytest.approx(0.375)
+    assert [(c["arm"], c["reference"]) for c in summary["comparisons"]] == [("grpo", "smrc")]
+    assert [a["arm"] for a in summary["arms"]] == ["grpo", "smrc"] and summary["missing"] == ["grpo_seed2"]
+    assert (tmp_path / "curves.png").stat().st_size > 1000 and (tmp_path / "README.md").read_text() == table
+
+
+def test_cli_refuses_a_bad_grid_naming_the_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from deploy.cli import app
+
+    bad = _write(tmp_path, VALID.replace("seeds: [0, 1, 2]", "seeds: [0]"))
+    res = CliRunner().invoke(app, ["experiment", "run", "--grid", str(bad), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "seeds" in res.output and "min_seeds=3" in res.output
+    good = _write(tmp_path, VALID)
+    res = CliRunner().invoke(app, ["experiment", "run", "--grid", str(good), "--seeds", "0,x"])
+    assert res.exit_code == 2 and "--seeds '0,x'" in res.output
+    res = CliRunner().invoke(app, ["experiment", "report", "--grid", str(good), "--results", str(tmp_path / "none")])
+    assert res.exit_code == 0 and "no finished run of grid g1" in res.output
