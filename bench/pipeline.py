@@ -109,11 +109,13 @@ def main() -> None:
         run = args.work / f"{'quick_' if args.quick else ''}k{k}"
         shutil.rmtree(run, ignore_errors=True)  # train appends to an existing metrics.jsonl
         t0 = time.perf_counter()
+        print(f"max_staleness={k}: load average {os.getloadavg()[0]:.1f} at start", flush=True)
         _deploy("train", "--config", str(CONFIG), "--set", f"model.path={model}", "--set", f"run.output_dir={run}",
                 "--set", f"run.total_steps={steps}", "--set", "run.progress=false", "--set", f"rollout.max_staleness={k}",
                 "--set", "ray.rollout_cpus=1", "--set", "ray.learner_cpus=1", "--set", f"eval.num_tasks={eval_tasks}",
                 "--set", "eval.at_end=true")
-        modes[f"max_staleness_{k}"] = {**summarize(run, steps), "run_dir": str(run), "wall_s": time.perf_counter() - t0}
+        modes[f"max_staleness_{k}"] = {**summarize(run, steps), "run_dir": str(run), "wall_s": time.perf_counter() - t0,
+                                       "load_avg_1min_at_end": os.getloadavg()[0]}  # others' load skews the rates
     sync, asyn = modes["max_staleness_0"], modes["max_staleness_1"]
     speedup = asyn["steps_per_hour"] / sync["steps_per_hour"]
     delta = asyn["final_avg_at_k"] - sync["final_avg_at_k"]

@@ -17,6 +17,8 @@ EnvOpt = Annotated[Literal["alfworld", "webshop"] | None,
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (build default: demo_cpu.yaml; "
                                                                       "abilities default: DIR/config.resolved.json)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="dotted override key=value; repeatable")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="print the frameworks' logs (vLLM, torch) on the console "
+                                                            "instead of DIR/logs/")]
 
 
 def _load(config: Path | None, overrides: list[str]):
@@ -33,6 +35,14 @@ def _env_set(env: str | None) -> list[str]:
     return [f"env.name={env}"] if env else []
 
 
+def _route_logs(directory: Path, verbose: bool) -> None:
+    from deploy.logs import route_logs
+
+    log_dir = route_logs(directory, verbose=verbose)
+    if log_dir is not None:
+        typer.secho(f"framework logs: {log_dir}/ (--verbose prints them here)", dim=True, err=True)
+
+
 @testbed_app.command("build")
 def build(
     out: Annotated[Path, typer.Option("--out", help="output directory (DIR/model, DIR/build.json)")],
@@ -41,6 +51,7 @@ def build(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     corpus_episodes: Annotated[int, typer.Option(help="expert episodes in the tokenizer corpus")] = 200,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Tokenizer + tiny model + SFT on plain, teacher-block, skill and proposer turns (sft.*_fraction)."""
     from deploy.testbed.build import build_testbed, testbed_overrides
@@ -52,6 +63,7 @@ def build(
     if cfg.rollout.use_think:
         typer.secho("SFT targets carry no reasoning: set rollout.use_think=false", fg="red", err=True)
         raise typer.Exit(2)
+    _route_logs(out, verbose)
     record = build_testbed(cfg, out, minutes=minutes, corpus_episodes=corpus_episodes)
     typer.echo(f"testbed model written to {record['model']} ({record['seconds']['total'] / 60:.1f} min)")
 
@@ -77,19 +89,26 @@ def abilities(
     out: Annotated[Path | None, typer.Option("--out", help="JSON path (default DIR/abilities.json)")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Teacher context gain, skill gain and proposer validity on held-out tasks (three lines)."""
+    import os
+
     from rich.console import Console
 
     from deploy.testbed.abilities import ability_lines, teacher_gain_detail
     from deploy.testbed.skill_abilities import proposer_validity, skill_gain
     from envs.tasks import eval_tasks
 
+    # stdout carries only the three lines: vLLM (run in this process) then logs through the root
+    # logger, which `_route_logs` sends to DIR/logs/driver.log, instead of its own stdout handler
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     model_dir, home = _model_dirs(model)
     resolved = home / "config.resolved.json"
     cfg = _load(config or (resolved if resolved.exists() else DEFAULT_CONFIG),
                 [*_env_set(env), f"model.path={model_dir}", *(set_ or [])])
     held_out = eval_tasks(cfg.env, "valid_unseen", tasks)
+    _route_logs(home, verbose)
     console = Console(stderr=True)
     console.print(f"[bold]testbed abilities[/] {model_dir} env={cfg.env.name} tasks={len(held_out)} (valid_unseen)")
     try:

@@ -262,7 +262,7 @@ class RolloutWorker:
         if self._loop is not None:
             close = getattr(self._engine.async_engine, "close", None)
             if close is not None:
-                close()
+                self._loop.run(_on_loop(close))  # the engine's tasks belong to the loop thread
             self._loop.close()
             self._loop = None
 
@@ -278,6 +278,10 @@ def files_digest(files: Mapping[str, bytes]) -> str:
     for name in sorted(files):
         h.update(name.encode() + b"\0" + len(files[name]).to_bytes(8, "little") + files[name])
     return h.hexdigest()
+
+
+async def _on_loop(fn) -> None:
+    fn()
 
 
 async def _make_async(engine_cfg: EngineConfig, model_path: str, seed: int):

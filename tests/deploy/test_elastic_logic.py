@@ -4,7 +4,15 @@ node, the scale plan, and where a lost worker's calls are re-run."""
 import pytest
 
 from deploy.config_loading import ConfigError, load_config
-from deploy.elastic import NodeView, WorkerView, is_lost, plan_scale, reassign_lost, unit_demand, units_that_fit
+from deploy.elastic import (
+    NodeView,
+    WorkerView,
+    is_lost,
+    plan_scale,
+    reassign_lost,
+    unit_demand,
+    units_that_fit,
+)
 
 SMOKE = "deploy/configs/smoke_cpu.yaml"
 UNIT = {"CPU": 1.25}
@@ -22,6 +30,9 @@ def test_auto_needs_max_workers_and_max_workers_needs_auto():
         load_config(SMOKE, ["rollout.num_workers=auto", "rollout.max_workers=0"])
     with pytest.raises(ConfigError, match="num_workers"):
         load_config(SMOKE, ["rollout.num_workers=many"])
+    with pytest.raises(ConfigError, match="rollout.num_workers=auto places one worker .* tensor-parallel"):
+        load_config(SMOKE, ["rollout.num_workers=auto", "rollout.max_workers=2", "engine.tensor_parallel_size=2",
+                            "ray.rollout_gpus=2"])
 
 
 def test_auto_gives_each_worker_its_own_pools():

@@ -62,9 +62,12 @@ def test_grpo_one_step_off_then_resume(model, tmp_path):
 
 
 @pytest.mark.parametrize("config", ["smoke_cpu_smrc_sd", "smoke_cpu_uniskill"])
-def test_methods_one_step_off(config, warm_model, tmp_path):
+def test_methods_one_step_off_with_the_async_agent_loop(config, warm_model, tmp_path):
+    """Both asynchronous modes at once: one-step-off training and per-episode coroutines on vLLM's
+    async engine (`rollout.loop=async`, docs/pipeline.md)."""
     run = tmp_path / "run"
-    _train(CONFIGS / f"{config}.yaml", warm_model, run)
+    _train(CONFIGS / f"{config}.yaml", warm_model, run, "rollout.loop=async")
+    assert json.loads((run / "config.resolved.json").read_text())["rollout"]["loop"] == "async"
     steps = _metrics(run)
     assert [s["step"] for s in steps] == [1, 2]
     assert [s["async/staleness_max"] for s in steps] == [0, 1]

@@ -1,11 +1,12 @@
 """The per-episode async agent loop (`rollout.loop: async`, rollout_workers/agent_loop.py) returns
 the same trajectories as the lockstep loop for the same tasks and seeds: on the HF engine behind
 its dynamic batcher (waves included) and, through `RolloutWorker`, on vLLM's AsyncLLM (which also
-reloads weights)."""
+loads new weights from files and by broadcast)."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
 import os
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from rollout_workers.engines.async_batch import BatchingAsyncEngine
 from rollout_workers.engines.hf_engine import HFEngine
 from rollout_workers.loop import run_episodes
 from rollout_workers.worker import RolloutWorker
+from weightsync.group import GroupSpec
 
 ENV = EnvConfig(max_steps=3)
 
@@ -71,7 +73,8 @@ CPU_VLLM = EngineConfig(engine="vllm", dtype="float32", kv_cache_memory_bytes=64
 
 def test_worker_async_loop_on_vllm_async_engine(tiny_model_dir, tmp_path, hf_model, reference_logprobs):
     """Lockstep on the in-process vLLM engine and the async loop on AsyncLLM give the same
-    trajectories; the async engine then loads new weights through the worker's file path."""
+    trajectories; the async engine then loads new weights through the worker's file path and by
+    broadcast."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     rollout = RolloutConfig(use_think=False, constrained_actions=False, max_response_tokens=24, seed=2,
                             max_prompt_tokens=1536)
@@ -100,5 +103,38 @@ def test_worker_async_loop_on_vllm_async_engine(tiny_model_dir, tmp_path, hf_mod
         assert torch.allclose(torch.tensor(after.logprobs), torch.tensor(ref), atol=1e-4)
         again, _ = worker.collect(tasks, group_size=2, policy_version=1)
         assert {t.policy_version for t in again} == {1}
+
+        # Broadcast weight sync into AsyncLLM's engine-core process (the spec crosses its RPC).
+        spec = GroupSpec(name="agent-loop", members=("learner_0", "rollout_worker_0"), timeout_s=60,
+                         store_file=str(tmp_path / "store"))
+        sender = mp.get_context("spawn").Process(target=_broadcast_halved, args=(spec, str(tiny_model_dir)))
+        sender.start()
+        worker.join_weight_group(spec, 1)
+        assert worker.receive_weights(version=2) == len(list(model.parameters()))
+        sender.join(timeout=60)
+        assert sender.exitcode == 0
+        [after] = worker.engine.generate([prompt], temperature=1.0, top_p=1.0, max_tokens=6, seed=0)
+        ref = reference_logprobs(_halved(tiny_model_dir), prompt, after.token_ids, 1.0)
+        assert torch.allclose(torch.tensor(after.logprobs), torch.tensor(ref), atol=1e-4)
+        worker.leave_weight_group()
     finally:
         worker.shutdown()
+
+
+def _halved(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    return model
+
+
+def _broadcast_halved(spec, model_dir) -> None:
+    from weightsync.group import WeightGroup
+    from weightsync.protocol import send_weights
+    from weightsync.stream import parameter_stream
+
+    metas, stream = parameter_stream(_halved(model_dir))
+    send_weights(WeightGroup(spec, 0), metas, stream, bucket_bytes=1 << 15)
