@@ -11,7 +11,7 @@ Engines: vllm = the in-process `VLLMEngine` (lockstep) vs `VLLMAsyncEngine` on A
 Each repeat runs both loops once (order alternating); the speedup is the median over repeats of
 the ratio within a repeat (the two runs of a repeat see the same load on a shared machine).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/agent_loop.py                 # vllm, writes results/agent_loop.json
+    OMP_NUM_THREADS=1 .venv/bin/python bench/agent_loop.py                 # vllm, writes bench/results/agent_loop.json
     .venv/bin/python bench/agent_loop.py --engine hf --repeats 2 --out /tmp/agent_loop.json
 """
 
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "agent_loop.json"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "agent_loop.json"
 
 
 def build_model(out_dir: Path, env_cfg, eos_scale: float) -> Path:

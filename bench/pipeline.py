@@ -17,7 +17,7 @@ Per mode it reports (from metrics.jsonl, steady state = steps 2..N, step 1 warms
     .venv/bin/python bench/pipeline.py            # 8 steps per mode, the demo's eval set
     .venv/bin/python bench/pipeline.py --quick    # 3 steps per mode, 16 eval tasks, short SFT (< 10 min)
 
-Writes results/pipeline.json; the last line is
+Writes bench/results/pipeline.json; the last line is
 `async vs sync: X.XXx steps/hour, staleness max K, eval delta +-D`.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "deploy" / "configs" / "demo_cpu.yaml"
-DEFAULT_OUT = ROOT / "results" / "pipeline.json"
+DEFAULT_OUT = ROOT / "bench" / "results" / "pipeline.json"
 
 
 def _env() -> dict[str, str]:

@@ -9,8 +9,8 @@ threaded (max_concurrency > 1) and with the async agent loop, whose requests run
 event-loop thread: an update waits until every running generating call has returned, and a
 generating call that arrives while an update runs or waits starts after it. Every trajectory is
 stamped with the version the engine held for the whole collect (`self._version`), which an update
-cannot change mid-collect. Two collects never overlap either (they use every env slot). `call_timeline()` records when each guarded call ran (tests check the
-guarantee from it).
+cannot change mid-collect. Two collects never overlap either (they use every env slot).
+`call_timeline()` records when each guarded call ran (tests check the guarantee from it).
 """
 
 from __future__ import annotations

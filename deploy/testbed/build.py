@@ -46,9 +46,20 @@ SETUP_RESERVE_S = 90.0
 """Seconds of the budget kept back for the SFT's data preparation and saving (outside its loop clock)."""
 
 
+UNISKILL_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_uniskill_cpu.yaml"
+"""The laptop UniSkill runs' config: its `uniskill.proposer` section shapes the proposer turns."""
+
+
 def testbed_overrides() -> list[str]:
-    """`sft.<k>_fraction=<v>` overrides for the testbed's default mix (keys the config knows only)."""
-    return [f"sft.{k}={v}" for k, v in TESTBED_FRACTIONS.items() if k in SFTConfig.model_fields]
+    """Overrides applied before the user's --set: `sft.<k>_fraction=<v>` for the testbed's default
+    mix (keys the config knows only), and the laptop UniSkill runs' `uniskill.proposer` settings
+    (prompt budget, trajectory excerpt length, max tokens, constrained op), so the proposer turns
+    and the proposer measurement see the prompts the UniSkill grid's runs render."""
+    from deploy.config_loading import read_tree
+
+    proposer = read_tree(UNISKILL_CONFIG).get("uniskill", {}).get("proposer", {})
+    return ([f"sft.{k}={v}" for k, v in TESTBED_FRACTIONS.items() if k in SFTConfig.model_fields]
+            + [f"uniskill.proposer.{k}={json.dumps(v)}" for k, v in proposer.items()])
 
 
 def fractions(cfg: TrainConfig) -> dict[str, float]:
