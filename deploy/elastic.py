@@ -174,6 +174,10 @@ def kill_unit(handle: Any, pools: Sequence[Any]) -> None:
 
 
 # ---- the controller ------------------------------------------------------------------------------
+SETTLED = frozenset({"ALIVE", "DEAD"})
+"""Actor states in which an actor holds its resources for good or has released them."""
+
+
 class ElasticRollout:
     """Adds and removes rollout workers of a `deploy.cluster.Cluster` between steps (`rescale`); a
     no-op that only reports `rollout/num_workers` when rollout.num_workers is a number."""
@@ -184,6 +188,16 @@ class ElasticRollout:
         self.max_workers = cfg.rollout.max_workers or cluster.num_workers
         self._next_worker = cluster.num_workers
         self._next_pool = len(cluster.pools)
+
+    def _settle(self) -> None:
+        """Wait (at most ray.call_timeout_s, reading Ray's actor table, so no call queues behind a
+        collect in flight) until every worker and env pool is ALIVE or DEAD: an actor still being
+        scheduled has not taken its CPUs yet, and a plan made then would start a unit that no node
+        can hold (right after start-up, the first rescale saw the first unit's CPUs as free)."""
+        handles = [*self.cluster.workers, *(p.handle for p in self.cluster.pools)]
+        deadline = time.monotonic() + self.cfg.ray.call_timeout_s
+        while any(actor_node(h)[1] not in SETTLED for h in handles) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def _views(self, nodes: Sequence[NodeView]) -> list[WorkerView]:
         alive = {n.node_id for n in nodes if n.alive}
@@ -199,6 +213,7 @@ class ElasticRollout:
         if not self.enabled:
             return {"rollout/num_workers": float(self.cluster.num_workers)}
         start = time.perf_counter()
+        self._settle()
         nodes = cluster_nodes()
         views = self._views(nodes)
         plan = plan_scale(nodes, views, unit_demand(self.cfg), self.max_workers)
