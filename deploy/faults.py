@@ -38,7 +38,10 @@ from deploy.recovery import Recovery, wait_alive
 log = logging.getLogger(__name__)
 
 KILL_DELAY_S = 1.0
-"""How long a call runs before its component is killed (mid-collect, mid-update)."""
+"""How long a call runs before its component is killed (mid-update; mid-collect: COLLECT_KILL_DELAY_S)."""
+COLLECT_KILL_DELAY_S = 0.1
+"""A collect of the laptop smoke config can finish within a second on an idle machine, and a kill
+that lands after it hits the weight sync instead: the rollout worker dies 0.1 s into its collect."""
 
 TRIGGERS: dict[str, tuple[str, str | None]] = {
     "rollout_worker": ("rollout", "collect"),
@@ -182,7 +185,7 @@ class FaultInjector:
         if self._armed != call:
             return
         self._armed = None
-        time.sleep(KILL_DELAY_S)
+        time.sleep(min(KILL_DELAY_S, COLLECT_KILL_DELAY_S) if call == "collect" else KILL_DELAY_S)
         self._fire(self._step)
 
     def step_metrics(self, step: int) -> dict[str, float]:
