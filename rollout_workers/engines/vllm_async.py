@@ -29,12 +29,10 @@ from rollout_workers.config import EngineConfig
 from rollout_workers.engines.base import active_choices, derive_seed, stop_token_ids
 from rollout_workers.engines.constraint import VocabTrie, token_bytes_table
 from rollout_workers.engines.vllm_engine import (
-    LOGPROBS_MODE,
-    cpu_scheduler_args,
+    engine_args,
     sampling_params,
     to_generation,
 )
-from rollout_workers.engines.vllm_sync import WORKER_EXTENSION
 from rollout_workers.types import Generation
 from weightsync.group import GroupSpec
 
@@ -48,21 +46,8 @@ class VLLMAsyncEngine:
         asyncio.get_running_loop()  # raises outside a loop: see the module docstring
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        args = AsyncEngineArgs(
-            model=model_path,
-            dtype=cfg.dtype,
-            enforce_eager=cfg.enforce_eager,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None,
-            max_model_len=cfg.max_model_len,
-            logprobs_mode=LOGPROBS_MODE,
-            seed=seed,
-            worker_extension_cls=WORKER_EXTENSION,
-            disable_log_stats=True,
-            **cpu_scheduler_args(model_path, cfg),
-        )
+        args = AsyncEngineArgs(**engine_args(model_path, cfg, seed), disable_log_stats=True,
+                               distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None)
         self._llm = AsyncLLM.from_engine_args(args)
         model_config = self._llm.model_config
         gen_eos = model_config.try_get_generation_config().get("eos_token_id")

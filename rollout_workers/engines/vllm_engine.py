@@ -64,19 +64,7 @@ class VLLMEngine:
         from vllm import LLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self._llm = LLM(
-            model=model_path,
-            dtype=cfg.dtype,
-            enforce_eager=cfg.enforce_eager,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            max_model_len=cfg.max_model_len,
-            logprobs_mode=LOGPROBS_MODE,
-            seed=seed,
-            worker_extension_cls=WORKER_EXTENSION,
-            **cpu_scheduler_args(model_path, cfg),
-        )
+        self._llm = LLM(**engine_args(model_path, cfg, seed))
         model_config = self._llm.llm_engine.model_config
         gen_eos = model_config.try_get_generation_config().get("eos_token_id")
         self.stop_ids = stop_token_ids(self.tokenizer, gen_eos)
@@ -187,6 +175,16 @@ def to_generation(completion, choices: list[str] | None, tokenizer, vocab_trie, 
         finish_reason=_FINISH.get(completion.finish_reason or "", "abort"),  # type: ignore[arg-type]
         allowed_token_ids=allowed,
     )
+
+
+def engine_args(model_path: str, cfg: EngineConfig, seed: int) -> dict:
+    """The vLLM engine arguments both engines (`LLM` here, `AsyncLLM` in vllm_async.py) build from
+    `EngineConfig`: one place, so the two cannot drift."""
+    return dict(model=model_path, dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
+                kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
+                logprobs_mode=LOGPROBS_MODE, seed=seed, worker_extension_cls=WORKER_EXTENSION,
+                **cpu_scheduler_args(model_path, cfg))
 
 
 def cpu_scheduler_args(model_path: str, cfg: EngineConfig) -> dict:
