@@ -128,7 +128,7 @@ def abilities(
               "skill_gain": {"mean": skill.mean, "lo": skill.lo, "hi": skill.hi, "n": skill.n,
                              "per_item": list(skill.per_item)},
               "proposer_valid": {"mean": proposer.mean, "lo": proposer.lo, "hi": proposer.hi, "n": proposer.n,
-                                 "per_item": list(proposer.per_item)}}
+                                 "per_item": list(proposer.per_item), "samples": list(proposer.samples)}}
     path.write_text(json.dumps(record, indent=2))
     console.print(f"written {path}")
     for line in ability_lines(teacher.figure, skill, proposer):

@@ -44,6 +44,10 @@ class TeacherGainDetail:
     mismatched: tuple[float, ...]
     """Delta of every mismatched state."""
     tasks_used: int
+    student_matched: tuple[float, ...] = ()
+    """l(a*|student prompt) of every matched state (the headroom: Delta cannot exceed -l much)."""
+    student_mismatched: tuple[float, ...] = ()
+    """l(a*|student prompt) of every mismatched state."""
 
     def to_json(self) -> dict:
         def group(values: tuple[float, ...], seed: int = 0) -> dict:
@@ -53,6 +57,8 @@ class TeacherGainDetail:
         f = self.figure
         return {"mean": f.mean, "lo": f.lo, "hi": f.hi, "n": f.n, "tasks_used": self.tasks_used,
                 "delta_matched": group(self.matched), "delta_mismatched": group(self.mismatched),
+                "student_logp_matched": group(self.student_matched),
+                "student_logp_mismatched": group(self.student_mismatched),
                 "definition": "mean Delta(matched) - mean Delta(mismatched), Delta = l(a*|SMRC-SD teacher prompt) "
                               "- l(a*|student prompt), token-mean log-prob; unpaired bootstrap 95% CI"}
 
@@ -87,11 +93,15 @@ def teacher_gain_detail(cfg: TrainConfig, model_dir: str, tasks: list[TaskSpec],
                          "attempt won): use more --tasks")
     values = scorer.score(pairs)
     deltas = [values[2 * i + 1] - values[2 * i] for i in range(len(groups))]
-    matched = tuple(x for x, g in zip(deltas, groups, strict=True) if g)
-    mismatched = tuple(x for x, g in zip(deltas, groups, strict=True) if not g)
+    students = [values[2 * i] for i in range(len(groups))]
+
+    def split(xs: list[float], want: bool) -> tuple[float, ...]:
+        return tuple(x for x, g in zip(xs, groups, strict=True) if g == want)
+
+    matched, mismatched = split(deltas, True), split(deltas, False)
     mean, lo, hi = unpaired_bootstrap_ci(matched, mismatched, seed=seed)
     figure = AbilityFigure(mean=mean, lo=lo, hi=hi, n=len(deltas), per_item=matched + mismatched)
-    return TeacherGainDetail(figure, matched, mismatched, used)
+    return TeacherGainDetail(figure, matched, mismatched, used, split(students, True), split(students, False))
 
 
 def teacher_gain(cfg: TrainConfig, model_dir: str, tasks: list[TaskSpec], *, seed: int) -> AbilityFigure:

@@ -37,9 +37,10 @@ from deploy.laptop.sft import (
 )
 from envs.tasks import sample_tasks
 
-TESTBED_FRACTIONS = {"teacher_fraction": 0.2, "skill_fraction": 0.15, "proposer_fraction": 0.05}
-"""The testbed's default mix (plain turns stay 60%); applied before the user's --set overrides, and
-only for the keys `SFTConfig` has."""
+TESTBED_SFT = {"teacher_fraction": 0.2, "skill_fraction": 0.15, "proposer_fraction": 0.1, "epochs": 6}
+"""The testbed's default mix (plain turns stay 55%) and epochs (about 14 minutes of SFT on an idle
+2-core machine; the budget's clock stops it earlier on a loaded one); applied before the user's
+--set overrides, and only for the keys `SFTConfig` has."""
 CORPUS_TASKS = 40
 """Train tasks whose extra turns are rendered into the tokenizer corpus (a sample is enough for BPE)."""
 SETUP_RESERVE_S = 90.0
@@ -51,14 +52,14 @@ UNISKILL_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_uniski
 
 
 def testbed_overrides() -> list[str]:
-    """Overrides applied before the user's --set: `sft.<k>_fraction=<v>` for the testbed's default
-    mix (keys the config knows only), and the laptop UniSkill runs' `uniskill.proposer` settings
+    """Overrides applied before the user's --set: `TESTBED_SFT` (keys the config knows only), and the
+    laptop UniSkill runs' `uniskill.proposer` settings
     (prompt budget, trajectory excerpt length, max tokens, constrained op), so the proposer turns
     and the proposer measurement see the prompts the UniSkill grid's runs render."""
     from deploy.config_loading import read_tree
 
     proposer = read_tree(UNISKILL_CONFIG).get("uniskill", {}).get("proposer", {})
-    return ([f"sft.{k}={v}" for k, v in TESTBED_FRACTIONS.items() if k in SFTConfig.model_fields]
+    return ([f"sft.{k}={v}" for k, v in TESTBED_SFT.items() if k in SFTConfig.model_fields]
             + [f"uniskill.proposer.{k}={json.dumps(v)}" for k, v in proposer.items()])
 
 

@@ -130,7 +130,8 @@ def validity_figure(texts: Sequence[str], legals: Sequence[tuple[bool, bool, boo
                     seed: int) -> AbilityFigure:
     """The share of `texts` (proposer outputs after the prefilled "<action>") that write a valid skill."""
     per_item = [1.0 if proposal_valid(t, legal, cfg) else 0.0 for t, legal in zip(texts, legals, strict=True)]
-    return _figure(per_item, bootstrap_ci(per_item, seed=seed))
+    mean, lo, hi = bootstrap_ci(per_item, seed=seed)
+    return AbilityFigure(mean=mean, lo=lo, hi=hi, n=len(per_item), per_item=tuple(per_item), samples=tuple(texts))
 
 
 def proposer_validity(cfg: TrainConfig, model_dir: str, tasks, *, seed: int) -> AbilityFigure:

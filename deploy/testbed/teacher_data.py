@@ -21,8 +21,16 @@ candidate_action, `method.teacher_max_chars`), i.e. token-identical to what trai
   and the state, no candidate), or the reference is another task's expert episode (signatures
   carry the task id, so nothing matches and no candidate is shown).
 
-`teacher_turns` returns about half matched and half unmatched (the unmatched half split between the
-two sources), drawn at random from the pools of the given tasks.
+- teacher_followed: the pair with roles swapped (the plain expert episode as the student, the
+  detoured winner as the reference), only its matched turns whose candidate (the reference's action
+  there: a detour) differs from the expert's own, with the CANDIDATE as the target. The expert is
+  deterministic, so on every other matched turn the candidate is also predictable from the state
+  alone and a model that never reads the block fits them; these turns are the ones it cannot fit
+  without reading the candidate (the reference won after that action, so following it is what the
+  teacher is for).
+
+`teacher_turns` returns about half matched (a third of them followed) and half unmatched (split
+between the two sources), drawn at random from the pools of the given tasks.
 """
 
 from __future__ import annotations
@@ -146,10 +154,27 @@ def pair_turns(router: TeacherRouter, tokenizer, pair: TaskPair, reference: Epis
     return out
 
 
+def followed_turns(router: TeacherRouter, tokenizer, pair: TaskPair, matcher: str) -> list[SFTTurn]:
+    """teacher_followed turns of `pair` (module docstring): roles swapped, matched turns whose
+    candidate differs from the expert's action, target = the candidate."""
+    student, reference = pair.reference, pair.student
+    trace = student.trace()
+    out = []
+    for t, decision in enumerate(route(matcher, trace, reference.trace())):  # type: ignore[arg-type]
+        candidate = decision.candidate_action
+        if not decision.matched or not candidate or candidate == student.traj.turns[t].env_action:
+            continue
+        prompt = router._teacher_prompt(student, t, reference, decision, trace)
+        target = tokenizer.encode(action_choice(candidate), add_special_tokens=False) + [tokenizer.eos_token_id]
+        out.append(SFTTurn(tuple(prompt), tuple(target), "teacher_followed"))
+    return out
+
+
 def teacher_turns(cfg: TrainConfig, tokenizer, episodes, tasks, rng: random.Random, *, n: int) -> list[SFTTurn]:
-    """`n` teacher-block turns from `tasks` (their expert `episodes`, same order): about n/2
-    teacher_matched, n/4 unmatched positions of a same-task reference, n/4 turns under another task's
-    reference (a pool short of its share is filled from the others)."""
+    """`n` teacher-block turns from `tasks` (their expert `episodes`, same order): about n/2 with a
+    candidate (a third of them teacher_followed, the rest teacher_matched), n/4 unmatched positions
+    of a same-task reference, n/4 turns under another task's reference (a pool short of its share is
+    filled from the others)."""
     if n <= 0:
         return []
     if len(episodes) != len(tasks):
@@ -159,8 +184,10 @@ def teacher_turns(cfg: TrainConfig, tokenizer, episodes, tasks, rng: random.Rand
     env = make_env(cfg.env)
     order = list(range(len(tasks)))
     rng.shuffle(order)
-    pools: dict[str, list[SFTTurn]] = {"matched": [], "unmatched": [], "other_task": []}
-    want = {"matched": n - n // 2, "unmatched": n // 4, "other_task": n // 2 - n // 4}
+    pools: dict[str, list[SFTTurn]] = {"matched": [], "followed": [], "unmatched": [], "other_task": []}
+    with_candidate = n - n // 2
+    want = {"matched": with_candidate - with_candidate // 3, "followed": with_candidate // 3,
+            "unmatched": n // 4, "other_task": n // 2 - n // 4}
     previous: TaskPair | None = None
     try:
         for i in order:
@@ -171,6 +198,7 @@ def teacher_turns(cfg: TrainConfig, tokenizer, episodes, tasks, rng: random.Rand
                 continue
             for _, turn in pair_turns(router, tokenizer, pair, pair.reference, matcher):
                 pools["matched" if turn.kind == "teacher_matched" else "unmatched"].append(turn)
+            pools["followed"].extend(followed_turns(router, tokenizer, pair, matcher))
             if previous is not None and previous.reference.task_id != pair.student.task_id:
                 pools["other_task"].extend(turn for _, turn in pair_turns(router, tokenizer, pair, previous.reference,
                                                                           matcher))

@@ -8,6 +8,7 @@ TURN_KINDS = (
     "plain",
     "teacher_matched",
     "teacher_unmatched",
+    "teacher_followed",
     "skill_helpful",
     "skill_irrelevant",
     "proposer",
@@ -21,7 +22,7 @@ class SFTTurn:
 
     prompt_ids: tuple[int, ...]
     target_ids: tuple[int, ...]
-    kind: str  # "plain" | "teacher_matched" | "teacher_unmatched" | "skill_helpful" | "skill_irrelevant" | "proposer"
+    kind: str  # one of TURN_KINDS
 
     def __post_init__(self) -> None:
         if self.kind not in TURN_KINDS:
@@ -39,3 +40,5 @@ class AbilityFigure:
     hi: float
     n: int
     per_item: tuple[float, ...]
+    samples: tuple[str, ...] = ()
+    """What was scored, where it is text (the proposer's sampled outputs), to read why items failed."""

@@ -57,6 +57,11 @@ def test_abilities_prints_exactly_the_three_lines(built):
     teacher = record["teacher_context_gain"]
     assert teacher["delta_matched"]["n"] + teacher["delta_mismatched"]["n"] == teacher["n"] > 0
     assert f"{teacher['mean']:+.3f}" in lines[0] and record["split"] == "valid_unseen"
+    assert teacher["student_logp_matched"]["n"] == teacher["delta_matched"]["n"]
+    assert teacher["student_logp_mismatched"]["n"] == teacher["delta_mismatched"]["n"]
+    assert all(v["mean"] <= 0 for k, v in teacher.items() if k.startswith("student_logp") and v["n"])
+    proposer = record["proposer_valid"]
+    assert len(proposer["samples"]) == proposer["n"] == len(proposer["per_item"])
 
 
 def test_abilities_names_a_missing_model(tmp_path):

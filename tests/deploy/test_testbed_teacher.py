@@ -11,7 +11,15 @@ from deploy.config import TrainConfig
 from deploy.laptop.sft import build_model_from_env, demo_rows, expert_episodes, extra_turns, run_sft
 from deploy.laptop.tiny_model import train_tokenizer
 from deploy.stages.smrc_sd import TeacherRouter
-from deploy.testbed.teacher_data import make_router, pair_turns, play, task_pair, teacher_turns, to_trajectory
+from deploy.testbed.teacher_data import (
+    followed_turns,
+    make_router,
+    pair_turns,
+    play,
+    task_pair,
+    teacher_turns,
+    to_trajectory,
+)
 from envs.registry import make_env
 from envs.tasks import sample_tasks
 from rollout_workers.episode import Episode
@@ -52,12 +60,12 @@ def test_teacher_turns_mix_matched_and_unmatched_from_another_trajectory(env, to
     episodes = expert_episodes(cfg.env, tasks)
     turns = teacher_turns(cfg, tokenizer, episodes, tasks, random.Random(0), n=24)
     kinds = Counter(t.kind for t in turns)
-    assert len(turns) == 24 and set(kinds) == {"teacher_matched", "teacher_unmatched"}, kinds
-    assert kinds["teacher_matched"] == 12, kinds
+    assert len(turns) == 24 and set(kinds) == {"teacher_matched", "teacher_followed", "teacher_unmatched"}, kinds
+    assert kinds["teacher_matched"] + kinds["teacher_followed"] == 12 and kinds["teacher_followed"] == 4, kinds
     for turn in turns:
         text = tokenizer.decode(list(turn.prompt_ids))
         assert HEADER in text, text[-500:]
-        assert (CANDIDATE_PREFIX in text) == (turn.kind == "teacher_matched"), (turn.kind, text[-800:])
+        assert (CANDIDATE_PREFIX in text) == (turn.kind != "teacher_unmatched"), (turn.kind, text[-800:])
         target = tokenizer.decode(list(turn.target_ids))
         assert target.startswith("<action>") and target.endswith("</action><|im_end|>"), target
     # the student is a DIFFERENT successful trajectory of the same task than the reference
@@ -94,6 +102,25 @@ def test_prompts_are_the_routers_and_targets_the_expert(env, tokenizer):
             want = tokenizer.encode(action_choice(pair.labels[t]), add_special_tokens=False) + [tokenizer.eos_token_id]
             assert list(turn.target_ids) == want
     assert checked["teacher_matched"] and checked["teacher_unmatched"], checked
+
+
+@pytest.mark.parametrize("env", ["alfworld-easy", "webshop"])
+def test_followed_turns_target_the_detoured_references_candidate(env, tokenizer):
+    """Roles swapped: the plain expert is the student, the detoured winner the reference; only matched
+    turns whose candidate is NOT the expert's own action are kept, and the target is that candidate."""
+    cfg = _cfg(env)
+    router = make_router(cfg, tokenizer)
+    found = 0
+    for pair in _pairs(cfg, 6):
+        detours = {a for a, e in zip((t.action for t in pair.student.traj.turns), pair.labels, strict=True) if a != e}
+        for turn in followed_turns(router, tokenizer, pair, cfg.method.matcher):
+            target = tokenizer.decode(list(turn.target_ids))
+            action = target.removeprefix("<action>").removesuffix("</action><|im_end|>")
+            text = tokenizer.decode(list(turn.prompt_ids))
+            assert turn.kind == "teacher_followed" and action in detours, (action, detours)
+            assert CANDIDATE_PREFIX in text and action in text.split(CANDIDATE_PREFIX)[-1], text[-400:]
+            found += 1
+    assert found, "no detour of a winning detoured expert was at a state the plain expert also visited"
 
 
 def test_other_task_reference_is_unmatched_and_mismatched_episodes_are_refused(tokenizer):
@@ -148,8 +175,9 @@ def test_run_sft_mixes_teacher_turns_by_fraction(tmp_path):
     kinds = summary["rows_by_kind"]
     plain = kinds["plain"]
     teacher = round(0.25 * plain / 0.75)
-    assert kinds["teacher_matched"] + kinds.get("teacher_unmatched", 0) + summary["dropped_longer_than_model"] == teacher
-    assert kinds["teacher_matched"] == teacher - teacher // 2
+    shown = kinds["teacher_matched"] + kinds.get("teacher_followed", 0)
+    assert shown + kinds.get("teacher_unmatched", 0) + summary["dropped_longer_than_model"] == teacher
+    assert shown == teacher - teacher // 2
     assert summary["rows"] == plain + teacher - summary["dropped_longer_than_model"]
     zero = run_sft(_cfg("alfworld-easy", num_tasks=6, epochs=1, batch_rows=64), str(base), tmp_path / "plain", minutes=5)
     assert json.loads((zero / "sft_summary.json").read_text())["rows_by_kind"] == {"plain": plain}
