@@ -33,8 +33,12 @@ def _report(grid, results: Path, runs_dir: Path) -> None:
     if not found:
         typer.secho(f"no finished run of grid {grid.name} under {results}/ yet", fg="yellow", err=True)
         return
-    table, summary = write_report(grid.name, list(grid.arms), grid.reference_arm, found, results,
-                                  expected=[r.key for r in plan], k=grid.eval.k, comparisons=grid.comparisons)
+    try:
+        table, summary = write_report(grid.name, list(grid.arms), grid.reference_arm, found, results,
+                                      expected=[r.key for r in plan], k=grid.eval.k, comparisons=grid.comparisons)
+    except ValueError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
     typer.echo(table)
     typer.echo(f"wrote {results / 'README.md'}, {results / 'curves.png'} and {summary}")
 

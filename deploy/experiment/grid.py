@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,15 @@ ARM_FORBIDDEN = (*RUNNER_KEYS, "run.total_steps", "run.eval_every", "rollout.tas
                  "env.", "eval.")
 """Keys (or prefixes ending in '.') that all arms must share: budget, task stream, environment."""
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class GridError(ValueError):
     """A grid-file problem, phrased so the user knows which key to fix."""
+
+
+ANALYSES = ("replay-audit", "ralign-vs-rollout", "skills-growth", "teacher-intervention")
+"""`deploy analyze` subcommands a grid may run on its runs (each takes --run and writes RUN/analysis/)."""
 
 
 class BuildSpec(Section):
@@ -107,6 +112,11 @@ class GridSpec(Section):
     """Training seeds; every arm runs every seed (what a seed changes: deploy/experiment/grid.py)."""
     min_seeds: int = Field(3, ge=1)
     """Fewest seeds the grid may list (3 for a real comparison; a test grid may lower it)."""
+    analyses: dict[str, list[str]] = Field(default_factory=dict)
+    """Arm -> `deploy analyze` commands (a subcommand of `ANALYSES` and its options, without --run)
+    run on each of that arm's runs after training and before its results JSON is written; their
+    outputs go to results/<grid>/analysis/<arm>_seed<k>/. A run directory does not outlive a
+    sitting on a fresh machine, so whatever needs a run's trajectories or checkpoints runs here."""
 
     @field_validator("name")
     @classmethod
@@ -142,6 +152,16 @@ class GridSpec(Section):
             if _hits(key, RUNNER_KEYS):
                 raise ValueError(f"overrides.{key}: the runner sets it for every run; use the grid's seeds, "
                                  "eval or model keys instead")
+        for arm, commands in self.analyses.items():
+            if arm not in self.arms:
+                raise ValueError(f"analyses.{arm}: not an arm ({', '.join(self.arms)})")
+            for command in commands:
+                words = shlex.split(command)
+                if not words or words[0] not in ANALYSES:
+                    raise ValueError(f"analyses.{arm}: {command!r} must start with one of {', '.join(ANALYSES)}")
+                if "--run" in words:
+                    raise ValueError(f"analyses.{arm}: {command!r}: drop --run (the runner passes each run's "
+                                     "directory)")
         for arm, overrides in self.arms.items():
             for key in overrides or {}:
                 if _hits(key, ARM_FORBIDDEN):
@@ -193,11 +213,13 @@ def base_config_path(grid: GridSpec, grid_file: str | Path) -> Path:
 
 
 def expand_vars(text: str, key: str, env: dict[str, str] | None = None) -> str:
-    """`${NAME}` -> the environment variable; an unset one is a GridError naming it and the key."""
+    """`${NAME}` -> the environment variable; `${NAME:-default}` -> the variable, or `default` when it
+    is unset or empty (as the shell does); an unset one without a default is a GridError naming it
+    and the key."""
     env = os.environ if env is None else env
 
     def one(match: re.Match) -> str:
-        value = env.get(match.group(1))
+        value = env.get(match.group(1)) or match.group(2)
         if not value:
             raise GridError(f"{key}={text!r}: environment variable {match.group(1)} is not set; export it "
                             "(e.g. the testbed build's model directory)")

@@ -53,6 +53,9 @@ class RunResult(BaseModel):
     """`git rev-parse HEAD` of the code that ran (suffixed -dirty with uncommitted changes)."""
     seconds: float
     """Wall-clock seconds of the run's `deploy train` process(es), summed over sittings."""
+    model_sha256: str | None = None
+    """sha256 over the initial model's weight files (`model_digest`): every run of a grid must start
+    from the same model, which a grid spread over several sittings and machines must show."""
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float | None]:
@@ -212,6 +215,18 @@ def load_results(paths: Sequence[Path]) -> list[RunResult]:
     return [RunResult.model_validate_json(p.read_text()) for p in paths if p.is_file()]
 
 
+def check_one_model(results: Sequence[RunResult]) -> None:
+    """Refuse a grid whose runs started from different initial models (a rebuilt testbed model)."""
+    digests: dict[str | None, list[str]] = {}
+    for r in results:
+        digests.setdefault(r.model_sha256, []).append(f"{r.arm}_seed{r.seed}")
+    if len(digests) > 1:
+        listing = "; ".join(f"{(d or 'unrecorded')[:12]}: {', '.join(keys)}" for d, keys in digests.items())
+        raise ValueError(f"the grid's runs started from {len(digests)} different initial models ({listing}); "
+                         "a comparison needs one: delete the results of the runs from the wrong model and run "
+                         "them again from the grid's model")
+
+
 def comparisons_table(pairs: Sequence[PairedSummary], k: int) -> str:
     lines = [f"| A - B | Δ Avg@{k} (mean ± s.e. over tasks) | 95% CI | tasks | seeds |", "|---|---|---|---|---|"]
     for p in pairs:
@@ -226,6 +241,7 @@ def write_report(grid_name: str, arms: Sequence[str], reference: str, results: S
                  comparisons: Sequence[tuple[str, str]] = ()) -> tuple[str, Path]:
     """README.md, curves.png and summary.json under `out_dir`; returns (the table, summary path).
     `comparisons`: further (A, B) pairs reported as A - B next to every arm vs the reference."""
+    check_one_model(results)
     by_arm = {arm: [r for r in results if r.arm == arm] for arm in arms}
     by_arm = {arm: runs for arm, runs in by_arm.items() if runs}
     summaries = [summarize_arm(arm, runs) for arm, runs in by_arm.items()]
@@ -244,6 +260,7 @@ def write_report(grid_name: str, arms: Sequence[str], reference: str, results: S
     (out_dir / "README.md").write_text(table)
     png = plot_curves(by_arm, out_dir / "curves.png", title=f"grid {grid_name}", k=k) if by_arm else None
     summary = {"grid": grid_name, "reference": reference, "k": k, "missing": missing,
+               "model_sha256": results[0].model_sha256 if results else None,
                "arms": [s.model_dump() for s in summaries],
                "paired_vs_reference": {a: (p.model_dump() if p else None) for a, p in paired.items()},
                "comparisons": [p.model_dump() for p in extra],

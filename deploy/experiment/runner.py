@@ -10,8 +10,11 @@ finishes, so a crash loses at most the run in progress.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -107,12 +110,27 @@ def git_commit(cwd: Path) -> str:
     return head + ("-dirty" if dirty else "")
 
 
+def model_digest(model_path: str | Path) -> str:
+    """sha256 over the model directory's weight files (*.safetensors, *.bin; sorted by name)."""
+    files = sorted(p for p in Path(model_path).iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    if not files:
+        raise GridError(f"{model_path}: no *.safetensors or *.bin weight file to fingerprint")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
 def _step_of(label: str) -> int | None:
     head = label.split("-", 1)[0]
     return int(head[5:]) if head.startswith("step_") and head[5:].isdigit() else None
 
 
-def collect_result(grid: GridSpec, run: PlannedRun, *, base: Path, sets: list[str], commit: str) -> RunResult:
+def collect_result(grid: GridSpec, run: PlannedRun, *, base: Path, sets: list[str], commit: str,
+                   model_sha256: str | None = None) -> RunResult:
     """Read a finished run's directory into its RunResult."""
     d = run.run_dir
     config = json.loads((d / "config.resolved.json").read_text())
@@ -133,7 +151,40 @@ def collect_result(grid: GridSpec, run: PlannedRun, *, base: Path, sets: list[st
                      success_curve=[CurvePoint(step=int(r["step"]), value=float(r["success_rate"])) for r in steps
                                     if "success_rate" in r],
                      eval_curve=eval_curve, base=str(base), overrides=sets, config=config, commit=commit,
-                     seconds=seconds)
+                     seconds=seconds, model_sha256=model_sha256)
+
+
+def run_analyses(grid: GridSpec, run: PlannedRun, *, results_dir: Path, python: str, cwd: Path, log_path: Path,
+                 log: Log) -> bool:
+    """The grid's `analyses` of `run.arm` on the finished run (each once: a `<subcommand>.done` file
+    in the destination records it); the JSON and PNG files each writes to RUN/analysis/ are copied to
+    results/<grid>/analysis/<arm>_seed<k>/. False (logged) when one fails."""
+    dest = results_dir / "analysis" / run.key
+    for command in grid.analyses.get(run.arm, []):
+        words = shlex.split(command)
+        done = dest / f"{words[0]}.done"
+        if done.is_file():
+            continue
+        cmd = [python, "-m", "deploy", "analyze", *words, "--run", str(run.run_dir)]
+        started, clock = time.time(), time.perf_counter()
+        with log_path.open("a") as out:
+            out.write(f"$ {' '.join(cmd)}\n")
+            out.flush()
+            rc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        if rc != 0:
+            tail = "\n".join(log_path.read_text().splitlines()[-15:])
+            log(f"    {run.key}: `deploy analyze {command}` failed (exit {rc}); the next `experiment run` "
+                f"retries it. Log {log_path}:\n{tail}")
+            return False
+        dest.mkdir(parents=True, exist_ok=True)
+        copied = [f.name for f in sorted((run.run_dir / "analysis").glob("*"))
+                  if f.is_file() and f.suffix in (".json", ".png") and f.stat().st_mtime >= started - 1]
+        for name in copied:
+            shutil.copy2(run.run_dir / "analysis" / name, dest / name)
+        done.write_text(json.dumps({"command": cmd[3:], "files": copied,
+                                    "seconds": time.perf_counter() - clock}, indent=2) + "\n")
+        log(f"    {run.key}: analyze {words[0]} -> {dest} ({', '.join(copied) or 'no files'})")
+    return True
 
 
 def write_json_atomic(path: Path, text: str) -> None:
@@ -184,7 +235,8 @@ def run_grid(grid: GridSpec, grid_file: Path, *, runs_dir: Path, results_dir: Pa
     model_path = ensure_model(grid, python=python, log=log)
     if model_path != expected_model:  # pragma: no cover - model_dir and ensure_model agree
         args = {r.key: run_args(grid, grid_file, r, model_path) for r in todo}
-    commit = git_commit(cwd)
+    commit, digest = git_commit(cwd), model_digest(model_path)
+    log(f"initial model {model_path} (sha256 {digest[:12]})")
     grid_start = time.perf_counter()
     for i, run in enumerate(todo, 1):
         base, sets = args[run.key]
@@ -208,7 +260,11 @@ def run_grid(grid: GridSpec, grid_file: Path, *, runs_dir: Path, results_dir: Pa
                 log(f"    {run.key} failed (exit {rc}); the next `experiment run` resumes it. Log {log_path}:\n{tail}")
                 outcome.failed.append(run.key)
                 continue
-        result = collect_result(grid, run, base=base, sets=sets, commit=commit)
+        if not run_analyses(grid, run, results_dir=results_dir, python=python, cwd=cwd,
+                            log_path=runs_dir / f"{run.key}.log", log=log):
+            outcome.failed.append(run.key)
+            continue
+        result = collect_result(grid, run, base=base, sets=sets, commit=commit, model_sha256=digest)
         write_json_atomic(run.result_path, result.model_dump_json(indent=2) + "\n")
         outcome.done.append(run.key)
         per_run = (time.perf_counter() - grid_start) / i

@@ -4,16 +4,18 @@ synthetic runs with hand-checked numbers. The real grid runs in test_experiment_
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 
 from deploy.config_loading import load_config
 from deploy.evaluation import EvalResult
-from deploy.experiment.grid import GridError, load_grid, plan_runs, run_overrides, run_state
+from deploy.experiment.grid import GridError, expand_vars, load_grid, plan_runs, run_overrides, run_state
 from deploy.experiment.report import (
     CurvePoint,
     RunResult,
+    check_one_model,
     curve_band,
     mean_se,
     paired_vs_reference,
@@ -23,7 +25,9 @@ from deploy.experiment.report import (
 from deploy.experiment.runner import (
     collect_result,
     ensure_model,
+    model_digest,
     move_aside,
+    run_analyses,
     run_args,
     run_grid,
     train_command,
@@ -71,6 +75,9 @@ def _write(tmp_path: Path, text: str) -> Path:
     (("  path: /models/x", "  path: /models/x\n  build:\n    out: runs/tb"), ["model", "exactly one"]),
     (("name: g1", "name: G 1"), ["name"]),
     (("  grpo:", "  Bad Arm:"), ["arms.Bad Arm"]),
+    (("seeds:", "analyses:\n  smrcc: [replay-audit]\nseeds:"), ["analyses.smrcc", "not an arm"]),
+    (("seeds:", "analyses:\n  smrc: [replay-audits]\nseeds:"), ["analyses.smrc", "replay-audit"]),
+    (("seeds:", "analyses:\n  smrc: [replay-audit --run x]\nseeds:"), ["analyses.smrc", "drop --run"]),
 ])
 def test_grid_errors_name_the_key(tmp_path, change, names):
     text = VALID.replace(*change)
@@ -141,6 +148,32 @@ def test_model_path_expands_variables(tmp_path, monkeypatch):
         run_grid(grid, p, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", python="/nonexistent/python")
 
 
+def test_a_variable_default_applies_only_when_unset():
+    assert expand_vars("${H7_A:-runs/m}/x", "k", env={}) == "runs/m/x"
+    assert expand_vars("${H7_A:-runs/m}", "k", env={"H7_A": "/abs"}) == "/abs"
+    assert expand_vars("${H7_A:-runs/m}", "k", env={"H7_A": ""}) == "runs/m"
+    with pytest.raises(GridError, match="H7_A is not set"):
+        expand_vars("${H7_A:-}", "k", env={})
+
+
+def test_model_digest_covers_the_weights_and_the_report_refuses_mixed_models(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(GridError, match="no \\*.safetensors"):
+        model_digest(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"w1")
+    (tmp_path / "m" / "config.json").write_text("{}")
+    first = model_digest(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text('{"x": 1}')  # not a weight file
+    assert model_digest(tmp_path / "m") == first
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"w2")
+    assert model_digest(tmp_path / "m") != first
+    runs = [r.model_copy(update={"model_sha256": "a" * 64}) for r in REF + ARM]
+    check_one_model(runs)
+    mixed = runs[:-1] + [runs[-1].model_copy(update={"model_sha256": "b" * 64})]
+    with pytest.raises(ValueError, match="2 different initial models .*smrc_seed2"):
+        write_report("g", ["grpo", "smrc"], "grpo", mixed, tmp_path / "out", expected=[], k=2)
+
+
 def test_a_built_model_is_reused_only_when_the_build_finished(tmp_path):
     p = _write(tmp_path, VALID.replace("  path: /models/x", f"  build:\n    out: {tmp_path / 'tb'}"))
     grid = load_grid(p)
@@ -185,6 +218,42 @@ def _done_run(d: Path, *, total: int, split: str = "valid_unseen", checkpoint: b
     if checkpoint:
         (d / "checkpoints" / f"step_{total:06d}").mkdir(parents=True)
         (d / "checkpoints" / f"step_{total:06d}" / "trainer_state.json").write_text("{}")
+
+
+FAKE_ANALYZE = """#!/bin/sh
+# stands in for `python -m deploy analyze SUB ... --run DIR`: writes DIR/analysis/<sub>.json, fails on --fail
+run=""; sub="$4"; prev=""
+for a in "$@"; do [ "$prev" = "--run" ] && run="$a"; [ "$a" = "--fail" ] && exit 3; prev="$a"; done
+mkdir -p "$run/analysis/logs" && echo '{"sub": "'"$sub"'"}' > "$run/analysis/$sub.json" && touch "$run/analysis/logs/x.log"
+"""
+
+
+def test_analyses_run_once_per_run_and_their_outputs_are_kept(tmp_path):
+    text = VALID.replace("seeds:", "analyses:\n  smrc: [replay-audit, 'skills-growth --fail']\nseeds:")
+    grid = load_grid(_write(tmp_path, text))
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_ANALYZE)
+    fake.chmod(0o755)
+    plan = plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res")
+    run = next(r for r in plan if r.arm == "smrc")
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "analysis").mkdir()
+    (run.run_dir / "analysis" / "old.json").write_text("{}")  # written before: not this analysis's output
+    os.utime(run.run_dir / "analysis" / "old.json", (1, 1))
+    kw = {"results_dir": tmp_path / "res", "python": str(fake), "cwd": tmp_path, "log_path": tmp_path / "a.log",
+          "log": print}
+    assert not run_analyses(grid, run, **kw)  # the second analysis fails: the run is not done
+    dest = tmp_path / "res" / "analysis" / run.key
+    assert json.loads((dest / "replay-audit.json").read_text()) == {"sub": "replay-audit"}
+    assert not (dest / "old.json").exists() and not (dest / "logs").exists()
+    done = json.loads((dest / "replay-audit.done").read_text())
+    assert done["command"][:2] == ["analyze", "replay-audit"] and done["files"] == ["replay-audit.json"]
+    assert "skills-growth --fail" in (tmp_path / "a.log").read_text()
+    (dest / "replay-audit.json").write_text("kept")  # a retry does not run a finished analysis again
+    grid2 = load_grid(_write(tmp_path, VALID.replace("seeds:", "analyses:\n  smrc: [replay-audit]\nseeds:")))
+    assert run_analyses(grid2, run, **kw)
+    assert (dest / "replay-audit.json").read_text() == "kept"
+    assert run_analyses(grid2, plan[0], **kw) and plan[0].arm == "grpo"  # no analyses for this arm
 
 
 def test_run_state_skip_collect_resume_restart(tmp_path):
