@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from deploy.analysis.stats import bootstrap_ci, unpaired_bootstrap_ci
 from deploy.analysis.teacher_intervention import _Scorer
 from deploy.config import TrainConfig
-from deploy.testbed.teacher_data import make_router, task_pair
+from deploy.testbed.teacher_data import followed_states, make_router, task_pair
 from deploy.testbed.types import AbilityFigure
 from envs.registry import make_env
 from envs.types import TaskSpec
@@ -48,6 +48,10 @@ class TeacherGainDetail:
     """l(a*|student prompt) of every matched state (the headroom: Delta cannot exceed -l much)."""
     student_mismatched: tuple[float, ...] = ()
     """l(a*|student prompt) of every mismatched state."""
+    copy: tuple[float, ...] = ()
+    """Delta of the candidate on every followed state (roles swapped: the plain expert as the student,
+    the detoured winner as the reference; matched states whose candidate is a detour, not the
+    expert's action): how far the block moves the model towards a candidate it would not pick."""
 
     def to_json(self) -> dict:
         def group(values: tuple[float, ...], seed: int = 0) -> dict:
@@ -59,6 +63,7 @@ class TeacherGainDetail:
                 "delta_matched": group(self.matched), "delta_mismatched": group(self.mismatched),
                 "student_logp_matched": group(self.student_matched),
                 "student_logp_mismatched": group(self.student_mismatched),
+                "copy_gain_followed_states": group(self.copy),
                 "definition": "mean Delta(matched) - mean Delta(mismatched), Delta = l(a*|SMRC-SD teacher prompt) "
                               "- l(a*|student prompt), token-mean log-prob; unpaired bootstrap 95% CI"}
 
@@ -71,6 +76,7 @@ def teacher_gain_detail(cfg: TrainConfig, model_dir: str, tasks: list[TaskSpec],
     env = make_env(cfg.env)
     pairs: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     groups: list[bool] = []
+    copy_pairs: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     used = 0
     try:
         for task in tasks:
@@ -86,6 +92,7 @@ def teacher_gain_detail(cfg: TrainConfig, model_dir: str, tasks: list[TaskSpec],
                 teacher = tuple(router._teacher_prompt(pair.student, t, pair.reference, d, trace))
                 pairs.extend([(student, response), (teacher, response)])
                 groups.append(d.matched)
+            copy_pairs.extend(_followed_pairs(router, scorer, pair, cfg.method.matcher))
     finally:
         env.close()
     if not groups:
@@ -101,7 +108,22 @@ def teacher_gain_detail(cfg: TrainConfig, model_dir: str, tasks: list[TaskSpec],
     matched, mismatched = split(deltas, True), split(deltas, False)
     mean, lo, hi = unpaired_bootstrap_ci(matched, mismatched, seed=seed)
     figure = AbilityFigure(mean=mean, lo=lo, hi=hi, n=len(deltas), per_item=matched + mismatched)
-    return TeacherGainDetail(figure, matched, mismatched, used, split(students, True), split(students, False))
+    copied = scorer.score(copy_pairs)
+    copy = tuple(copied[2 * i + 1] - copied[2 * i] for i in range(len(copy_pairs) // 2))
+    return TeacherGainDetail(figure, matched, mismatched, used, split(students, True), split(students, False), copy)
+
+
+def _followed_pairs(router, scorer, pair, matcher: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(student prompt, candidate), (teacher prompt, candidate) of every followed state of `pair`
+    (`deploy.testbed.teacher_data.followed_turns`' states)."""
+    student, reference = pair.reference, pair.student
+    trace = student.trace()
+    out = []
+    for t, d in followed_states(pair, matcher):
+        response = scorer.response_ids(d.candidate_action)
+        out.extend([(tuple(router._render(student, t, "")), response),
+                    (tuple(router._teacher_prompt(student, t, reference, d, trace)), response)])
+    return out
 
 
 def teacher_gain(cfg: TrainConfig, model_dir: str, tasks: list[TaskSpec], *, seed: int) -> AbilityFigure:

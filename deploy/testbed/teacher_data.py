@@ -49,6 +49,7 @@ from rollout_workers.episode import Episode
 from rollout_workers.parsing import action_choice
 from rollout_workers.types import Trajectory, Turn
 from routing.matching import route
+from routing.types import RouteDecision
 
 DETOUR_P = 0.25
 """Per-step chance the detoured expert sends a random admissible action instead of its own."""
@@ -155,19 +156,25 @@ def pair_turns(router: TeacherRouter, tokenizer, pair: TaskPair, reference: Epis
     return out
 
 
+def followed_states(pair: TaskPair, matcher: str) -> list[tuple[int, RouteDecision]]:
+    """(turn, decision) of the followed states of `pair` (module docstring): roles swapped (student =
+    `pair.reference`, the plain expert; reference = `pair.student`, the detoured winner), matched
+    turns whose candidate differs from the expert's own action."""
+    student, reference = pair.reference, pair.student
+    decisions = route(matcher, student.trace(), reference.trace())  # type: ignore[arg-type]
+    return [(t, d) for t, d in enumerate(decisions)
+            if d.matched and d.candidate_action and d.candidate_action != student.traj.turns[t].env_action]
+
+
 def followed_turns(router: TeacherRouter, tokenizer, pair: TaskPair, matcher: str) -> list[SFTTurn]:
-    """teacher_followed turns of `pair` (module docstring): roles swapped, matched turns whose
-    candidate differs from the expert's action, target = the candidate."""
+    """teacher_followed turns of `pair`: its followed states, target = the candidate."""
     student, reference = pair.reference, pair.student
     trace = student.trace()
     out = []
-    for t, decision in enumerate(route(matcher, trace, reference.trace())):  # type: ignore[arg-type]
-        candidate = decision.candidate_action
-        if not decision.matched or not candidate or candidate == student.traj.turns[t].env_action:
-            continue
+    for t, decision in followed_states(pair, matcher):
         prompt = router._teacher_prompt(student, t, reference, decision, trace)
-        target = tokenizer.encode(action_choice(candidate), add_special_tokens=False) + [tokenizer.eos_token_id]
-        out.append(SFTTurn(tuple(prompt), tuple(target), "teacher_followed"))
+        target = tokenizer.encode(action_choice(decision.candidate_action), add_special_tokens=False)
+        out.append(SFTTurn(tuple(prompt), (*target, tokenizer.eos_token_id), "teacher_followed"))
     return out
 
 

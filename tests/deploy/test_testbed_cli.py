@@ -58,6 +58,7 @@ def test_abilities_prints_exactly_the_three_lines(built):
     assert teacher["delta_matched"]["n"] + teacher["delta_mismatched"]["n"] == teacher["n"] > 0
     assert f"{teacher['mean']:+.3f}" in lines[0] and record["split"] == "valid_unseen"
     assert teacher["student_logp_matched"]["n"] == teacher["delta_matched"]["n"]
+    assert "copy_gain_followed_states" in teacher
     assert teacher["student_logp_mismatched"]["n"] == teacher["delta_mismatched"]["n"]
     assert all(v["mean"] <= 0 for k, v in teacher.items() if k.startswith("student_logp") and v["n"])
     proposer = record["proposer_valid"]
