@@ -155,10 +155,13 @@ def collect_result(grid: GridSpec, run: PlannedRun, *, base: Path, sets: list[st
 
 
 def run_analyses(grid: GridSpec, run: PlannedRun, *, results_dir: Path, python: str, cwd: Path, log_path: Path,
-                 log: Log) -> bool:
+                 log: Log) -> None:
     """The grid's `analyses` of `run.arm` on the finished run (each once: a `<subcommand>.done` file
     in the destination records it); the JSON and PNG files each writes to RUN/analysis/ are copied to
-    results/<grid>/analysis/<arm>_seed<k>/. False (logged) when one fails."""
+    results/<grid>/analysis/<arm>_seed<k>/. An analysis that fails is tried once more; if it fails
+    again its exit code and log tail go to `<subcommand>.failed` and the run still counts (an
+    analysis that cannot succeed, e.g. a step without proposals, must not make the grid retrain the
+    run); the closing record shows the gap, and collecting the run again retries it."""
     dest = results_dir / "analysis" / run.key
     for command in grid.analyses.get(run.arm, []):
         words = shlex.split(command)
@@ -167,24 +170,29 @@ def run_analyses(grid: GridSpec, run: PlannedRun, *, results_dir: Path, python: 
             continue
         cmd = [python, "-m", "deploy", "analyze", *words, "--run", str(run.run_dir)]
         started, clock = time.time(), time.perf_counter()
-        with log_path.open("a") as out:
-            out.write(f"$ {' '.join(cmd)}\n")
-            out.flush()
-            rc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-        if rc != 0:
-            tail = "\n".join(log_path.read_text().splitlines()[-15:])
-            log(f"    {run.key}: `deploy analyze {command}` failed (exit {rc}); the next `experiment run` "
-                f"retries it. Log {log_path}:\n{tail}")
-            return False
         dest.mkdir(parents=True, exist_ok=True)
+        for _attempt in range(2):
+            with log_path.open("a") as out:
+                out.write(f"$ {' '.join(cmd)}\n")
+                out.flush()
+                rc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+            if rc == 0:
+                break
+        if rc != 0:
+            tail = log_path.read_text().splitlines()[-15:]
+            (dest / f"{words[0]}.failed").write_text(json.dumps({"command": cmd[3:], "exit": rc, "log_tail": tail},
+                                                                indent=2) + "\n")
+            log(f"    {run.key}: `deploy analyze {command}` failed twice (exit {rc}); recorded in "
+                f"{dest / (words[0] + '.failed')}. Log {log_path}:\n" + "\n".join(tail))
+            continue
         copied = [f.name for f in sorted((run.run_dir / "analysis").glob("*"))
                   if f.is_file() and f.suffix in (".json", ".png") and f.stat().st_mtime >= started - 1]
         for name in copied:
             shutil.copy2(run.run_dir / "analysis" / name, dest / name)
+        (dest / f"{words[0]}.failed").unlink(missing_ok=True)
         done.write_text(json.dumps({"command": cmd[3:], "files": copied,
                                     "seconds": time.perf_counter() - clock}, indent=2) + "\n")
         log(f"    {run.key}: analyze {words[0]} -> {dest} ({', '.join(copied) or 'no files'})")
-    return True
 
 
 def write_json_atomic(path: Path, text: str) -> None:
@@ -260,10 +268,8 @@ def run_grid(grid: GridSpec, grid_file: Path, *, runs_dir: Path, results_dir: Pa
                 log(f"    {run.key} failed (exit {rc}); the next `experiment run` resumes it. Log {log_path}:\n{tail}")
                 outcome.failed.append(run.key)
                 continue
-        if not run_analyses(grid, run, results_dir=results_dir, python=python, cwd=cwd,
-                            log_path=runs_dir / f"{run.key}.log", log=log):
-            outcome.failed.append(run.key)
-            continue
+        run_analyses(grid, run, results_dir=results_dir, python=python, cwd=cwd, log_path=runs_dir / f"{run.key}.log",
+                     log=log)
         result = collect_result(grid, run, base=base, sets=sets, commit=commit, model_sha256=digest)
         write_json_atomic(run.result_path, result.model_dump_json(indent=2) + "\n")
         outcome.done.append(run.key)
