@@ -288,6 +288,8 @@ def ralign_vs_rollout(
                f"non-positive: n={st.n_nonpositive}, mean gain {f(st.mean_gain_nonpositive)}")
     for step, stats in result.by_step.items() if step_list else ():
         typer.echo(f"step {step} ({result.models[step]}): {summary_line(stats)}")
+    for step, why in result.skipped_steps.items():
+        typer.echo(f"step {step} skipped: {why}")
     typer.echo(f"wrote {result.json_path} and {result.png_path}")
     typer.echo(summary_line(st))
 

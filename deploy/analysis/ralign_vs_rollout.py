@@ -211,6 +211,8 @@ class RalignVsRolloutResult:
     gains: list[ProposalGain] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)
     """The weights each step's arms were played with ("all" without --steps)."""
+    skipped_steps: dict[str, str] = field(default_factory=dict)
+    """--steps given but not analysed: step -> why (no archived ADD/UPDATE proposal with an R_align)."""
     json_path: str | None = None
     png_path: str | None = None
 
@@ -304,6 +306,7 @@ def run_ralign_vs_rollout(run_dir: Path, *, model_path: str | None = None, sampl
     if k < 1 or sample < 1:
         raise ValueError(f"--k ({k}) and --sample ({sample}) must be >= 1")
     records = load_proposals(run_dir)
+    skipped: dict[str, str] = {}
     if not records:
         raise ValueError(f"{run_dir}/uniskill holds no proposals_step_*.jsonl: train a UniSkill run (the trainer "
                          "archives every step's proposals there)")
@@ -319,19 +322,22 @@ def run_ralign_vs_rollout(run_dir: Path, *, model_path: str | None = None, sampl
             raise ValueError("--steps loads each step's own policy: do not pass --model (or a runner)")
         base = json.loads((run_dir / "config.resolved.json").read_text())["model"]["path"]
         gains, models = [], {}
+        have = sorted({r.step for r in eligible(records)})
+        if not set(steps) & set(have):
+            raise ValueError(f"{run_dir}: none of steps {sorted(set(steps))} has an archived ADD/UPDATE proposal with "
+                             f"an R_align (steps that have: {have or 'none'})")
         for step in sorted(set(steps)):
             props = sample_proposals([r for r in records if r.step == step], sample, seed)
-            if not props:
-                have = sorted({r.step for r in eligible(records)})
-                raise ValueError(f"{run_dir}: step {step} has no archived ADD/UPDATE proposal with an R_align "
-                                 f"(steps that have: {have or 'none'})")
+            if not props:  # e.g. the proposer stopped proposing edits: reported, the other steps still run
+                skipped[str(step)] = f"no archived ADD/UPDATE proposal with an R_align (steps that have: {have})"
+                continue
             models[str(step)] = policy_at_step(run_dir, step, base_model=base)
             step_runner = runner_for(models[str(step)]) if runner_for is not None else None
             gains += _play(props, run_dir, models[str(step)], step_runner, k=k, seed=seed)
     overall, by_step = analyse(gains)
     result = RalignVsRolloutResult(run_dir=str(run_dir), model_path=str(model_path or "(runner)"), k=k, seed=seed,
                                    num_eligible=len(eligible(records)), stats=overall, by_step=by_step, gains=gains,
-                                   models=models)
+                                   models=models, skipped_steps=skipped)
     out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     result.png_path = str(plot(result, out / "ralign_vs_rollout.png"))

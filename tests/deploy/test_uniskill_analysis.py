@@ -419,8 +419,14 @@ def test_steps_play_each_step_with_the_policy_that_scored_it(tmp_path):
     assert set(result.by_step) == {"1", "3"}
     with pytest.raises(ValueError, match=r"checkpoints/step_000004/hf does not exist.*checkpoint_every"):
         rv.run_ralign_vs_rollout(tmp_path, k=2, steps=[5], runner_for=runner_for)
-    with pytest.raises(ValueError, match="step 2 has no archived"):
+    with pytest.raises(ValueError, match=r"none of steps \[2\] has an archived.*steps that have: \[1, 3, 5\]"):
         rv.run_ralign_vs_rollout(tmp_path, k=2, steps=[2], runner_for=runner_for)
+    # a listed step without proposals (the proposer stopped editing) is skipped and named; the others run
+    played.clear()
+    partial = rv.run_ralign_vs_rollout(tmp_path, k=2, steps=[2, 3], runner_for=runner_for)
+    assert set(partial.by_step) == {"3"} and [m for m, _ in played] == [ckpt] * 2
+    assert list(partial.skipped_steps) == ["2"] and "no archived ADD/UPDATE" in partial.skipped_steps["2"]
+    assert json.loads(Path(partial.json_path).read_text())["skipped_steps"] == partial.skipped_steps
     with pytest.raises(ValueError, match="do not pass --model"):
         rv.run_ralign_vs_rollout(tmp_path, model_path="/x", steps=[1], runner_for=runner_for)
 
