@@ -206,6 +206,10 @@ class SFTConfig(Section):
     """Share of all SFT examples that are SMRC-SD teacher-block turns (`deploy.testbed.teacher_data`:
     an expert turn shown with a teacher block routed from another successful trajectory of the same
     task, at matched and unmatched positions); 0 = plain expert turns only."""
+    teacher_followed_share: float = Field(0.75, ge=0.0, le=1.0)
+    """Of the teacher turns that show a candidate (half of them), the share that are followed turns
+    (the candidate is a winning detour, not the expert's action, and it is the target); the rest
+    are matched turns whose candidate is the expert's own action (docs/testbed.md)."""
     skill_fraction: float = Field(0.0, ge=0.0, lt=0.5)
     """Share of all SFT examples that are UniSkill skill turns (`deploy.testbed.skill_data`: an expert
     turn with a ground-truth skill in the actor prompt's skill slot, half helpful for the task, half

@@ -29,9 +29,9 @@ candidate_action, `method.teacher_max_chars`), i.e. token-identical to what trai
   without reading the candidate (the reference won after that action, so following it is what the
   teacher is for).
 
-`teacher_turns` returns about half with a candidate (three quarters of them followed, one quarter
-matched: a model that copies the candidate fits both) and half unmatched (split between the two
-sources), drawn at random from the pools of the given tasks.
+`teacher_turns` returns about half with a candidate (`sft.teacher_followed_share` of them followed,
+default three quarters, the rest matched: a model that copies the candidate fits both) and half
+unmatched (split between the two sources), drawn at random from the pools of the given tasks.
 """
 
 from __future__ import annotations
@@ -180,9 +180,9 @@ def followed_turns(router: TeacherRouter, tokenizer, pair: TaskPair, matcher: st
 
 def teacher_turns(cfg: TrainConfig, tokenizer, episodes, tasks, rng: random.Random, *, n: int) -> list[SFTTurn]:
     """`n` teacher-block turns from `tasks` (their expert `episodes`, same order): about n/2 with a
-    candidate (three quarters teacher_followed, the rest teacher_matched), n/4 unmatched positions
-    of a same-task reference, n/4 turns under another task's reference (a pool short of its share is
-    filled from the others)."""
+    candidate (`sft.teacher_followed_share` of them teacher_followed, the rest teacher_matched), n/4
+    unmatched positions of a same-task reference, n/4 turns under another task's reference (a pool
+    short of its share is filled from the others)."""
     if n <= 0:
         return []
     if len(episodes) != len(tasks):
@@ -194,7 +194,7 @@ def teacher_turns(cfg: TrainConfig, tokenizer, episodes, tasks, rng: random.Rand
     rng.shuffle(order)
     pools: dict[str, list[SFTTurn]] = {"matched": [], "followed": [], "unmatched": [], "other_task": []}
     with_candidate = n - n // 2
-    followed = (3 * with_candidate) // 4
+    followed = int(cfg.sft.teacher_followed_share * with_candidate)
     want = {"matched": with_candidate - followed, "followed": followed,
             "unmatched": n // 4, "other_task": n // 2 - n // 4}
     previous: TaskPair | None = None

@@ -62,6 +62,9 @@ def test_teacher_turns_mix_matched_and_unmatched_from_another_trajectory(env, to
     kinds = Counter(t.kind for t in turns)
     assert len(turns) == 24 and set(kinds) == {"teacher_matched", "teacher_followed", "teacher_unmatched"}, kinds
     assert kinds["teacher_matched"] + kinds["teacher_followed"] == 12 and kinds["teacher_followed"] == 9, kinds
+    half = Counter(t.kind for t in teacher_turns(_cfg(env, teacher_followed_share=0.5), tokenizer, episodes, tasks,
+                                                 random.Random(0), n=24))
+    assert (half["teacher_followed"], half["teacher_matched"]) == (6, 6), half
     for turn in turns:
         text = tokenizer.decode(list(turn.prompt_ids))
         assert HEADER in text, text[-500:]
