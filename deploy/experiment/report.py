@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from deploy.analysis.stats import paired_bootstrap_ci
 from deploy.evaluation import EvalResult
+from deploy.experiment.analysis_figures import analysis_figures, figures_markdown
 
 
 class CurvePoint(BaseModel):
@@ -256,6 +257,8 @@ def write_report(grid_name: str, arms: Sequence[str], reference: str, results: S
     if extra:
         table += "\nFurther paired differences (per task: mean over the seeds both arms finished):\n\n"
         table += comparisons_table(extra, k)
+    figures = analysis_figures(out_dir / "analysis")
+    table += figures_markdown(figures)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "README.md").write_text(table)
     png = plot_curves(by_arm, out_dir / "curves.png", title=f"grid {grid_name}", k=k) if by_arm else None
@@ -264,6 +267,7 @@ def write_report(grid_name: str, arms: Sequence[str], reference: str, results: S
                "arms": [s.model_dump() for s in summaries],
                "paired_vs_reference": {a: (p.model_dump() if p else None) for a, p in paired.items()},
                "comparisons": [p.model_dump() for p in extra],
+               "analyses": figures,
                "curves": {arm: dict(zip(("steps", "mean", "se"), curve_band(runs), strict=True))
                           for arm, runs in by_arm.items()},
                "readme_md": str(out_dir / "README.md"), "curves_png": str(png) if png else None}
