@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from deploy.experiment.analysis_figures import analysis_figures, figures_markdown, last_quarter_top_op, spearman_ci
+from deploy.experiment.analysis_figures import (
+    analysis_figures,
+    figures_markdown,
+    last_quarter_top_op,
+    spearman_ci,
+)
 
 
 def _write(d: Path, run: str, name: str, data: dict) -> None:
