@@ -5,7 +5,7 @@ leaked actor, an out-of-memory kill): the grid goes on with the next run and rep
 Resumable: a run whose results JSON exists is skipped; a run dir with a checkpoint resumes from it
 (`train --resume`, the trainer's own resume: same task stream); a run dir without a checkpoint is
 moved aside (<run>.crashed-N) and trained afresh. The results JSON is written the moment a run
-finishes, so a crash loses at most the run in progress.
+and its grid `analyses` finish (`run_analyses`), so a crash loses at most the run in progress.
 """
 
 from __future__ import annotations
