@@ -84,10 +84,9 @@ def ralign_figures(analysis_dir: Path) -> dict | None:
     pooled: list[dict] = []
     runs = {}
     for key, r in found:
-        gains = r.get("gains", [])
-        pooled += gains
-        st = rank_stats([g["r_align"] for g in gains], [g["gain"] for g in gains])
-        runs[key] = {"n": st.n, "spearman_rho": st.spearman_rho, "skipped_steps": r.get("skipped_steps", {})}
+        pooled += r.get("gains", [])
+        runs[key] = {"n": r["stats"]["n"], "spearman_rho": r["stats"]["spearman_rho"],
+                     "skipped_steps": r.get("skipped_steps", {})}
     x, y = [g["r_align"] for g in pooled], [g["gain"] for g in pooled]
     st = rank_stats(x, y)
     lo, hi = spearman_ci(x, y)

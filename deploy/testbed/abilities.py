@@ -116,13 +116,12 @@ def teacher_gain_detail(cfg: TrainConfig, model_dir: str, tasks: list[TaskSpec],
 def _followed_pairs(router, scorer, pair, matcher: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """(student prompt, candidate), (teacher prompt, candidate) of every followed state of `pair`
     (`deploy.testbed.teacher_data.followed_turns`' states)."""
-    student, reference = pair.reference, pair.student
-    trace = student.trace()
+    f = followed_states(pair, matcher)
     out = []
-    for t, d in followed_states(pair, matcher):
+    for t, d in f.states:
         response = scorer.response_ids(d.candidate_action)
-        out.extend([(tuple(router._render(student, t, "")), response),
-                    (tuple(router._teacher_prompt(student, t, reference, d, trace)), response)])
+        out.extend([(tuple(router._render(f.student, t, "")), response),
+                    (tuple(router._teacher_prompt(f.student, t, f.reference, d, f.trace)), response)])
     return out
 
 

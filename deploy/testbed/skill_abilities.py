@@ -52,9 +52,9 @@ def _success_by_task(trajs: Sequence[Trajectory], tasks: Sequence[TaskSpec]) -> 
     return out
 
 
-def _figure(per_item: list[float], interval: tuple[float, float, float]) -> AbilityFigure:
+def _figure(per_item: list[float], interval: tuple[float, float, float], samples: Sequence[str] = ()) -> AbilityFigure:
     mean, lo, hi = interval
-    return AbilityFigure(mean=mean, lo=lo, hi=hi, n=len(per_item), per_item=tuple(per_item))
+    return AbilityFigure(mean=mean, lo=lo, hi=hi, n=len(per_item), per_item=tuple(per_item), samples=tuple(samples))
 
 
 def _check_tasks(tasks: Sequence[TaskSpec], what: str) -> None:
@@ -130,8 +130,7 @@ def validity_figure(texts: Sequence[str], legals: Sequence[tuple[bool, bool, boo
                     seed: int) -> AbilityFigure:
     """The share of `texts` (proposer outputs after the prefilled "<action>") that write a valid skill."""
     per_item = [1.0 if proposal_valid(t, legal, cfg) else 0.0 for t, legal in zip(texts, legals, strict=True)]
-    mean, lo, hi = bootstrap_ci(per_item, seed=seed)
-    return AbilityFigure(mean=mean, lo=lo, hi=hi, n=len(per_item), per_item=tuple(per_item), samples=tuple(texts))
+    return _figure(per_item, bootstrap_ci(per_item, seed=seed), texts)
 
 
 def proposer_validity(cfg: TrainConfig, model_dir: str, tasks, *, seed: int) -> AbilityFigure:

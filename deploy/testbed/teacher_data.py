@@ -156,23 +156,34 @@ def pair_turns(router: TeacherRouter, tokenizer, pair: TaskPair, reference: Epis
     return out
 
 
-def followed_states(pair: TaskPair, matcher: str) -> list[tuple[int, RouteDecision]]:
-    """(turn, decision) of the followed states of `pair` (module docstring): roles swapped (student =
-    `pair.reference`, the plain expert; reference = `pair.student`, the detoured winner), matched
-    turns whose candidate differs from the expert's own action."""
+@dataclass(frozen=True)
+class FollowedStates:
+    """A pair with roles swapped: `student` is the plain expert, `reference` the detoured winner,
+    `trace` the student's trace, `states` the (turn, decision) of its matched turns whose candidate
+    differs from the expert's own action."""
+
+    student: Episode
+    reference: Episode
+    trace: object
+    states: list[tuple[int, RouteDecision]]
+
+
+def followed_states(pair: TaskPair, matcher: str) -> FollowedStates:
+    """The followed states of `pair` (module docstring)."""
     student, reference = pair.reference, pair.student
-    decisions = route(matcher, student.trace(), reference.trace())  # type: ignore[arg-type]
-    return [(t, d) for t, d in enumerate(decisions)
-            if d.matched and d.candidate_action and d.candidate_action != student.traj.turns[t].env_action]
+    trace = student.trace()
+    decisions = route(matcher, trace, reference.trace())  # type: ignore[arg-type]
+    states = [(t, d) for t, d in enumerate(decisions)
+              if d.matched and d.candidate_action and d.candidate_action != student.traj.turns[t].env_action]
+    return FollowedStates(student, reference, trace, states)
 
 
 def followed_turns(router: TeacherRouter, tokenizer, pair: TaskPair, matcher: str) -> list[SFTTurn]:
     """teacher_followed turns of `pair`: its followed states, target = the candidate."""
-    student, reference = pair.reference, pair.student
-    trace = student.trace()
+    f = followed_states(pair, matcher)
     out = []
-    for t, decision in followed_states(pair, matcher):
-        prompt = router._teacher_prompt(student, t, reference, decision, trace)
+    for t, decision in f.states:
+        prompt = router._teacher_prompt(f.student, t, f.reference, decision, f.trace)
         target = tokenizer.encode(action_choice(decision.candidate_action), add_special_tokens=False)
         out.append(SFTTurn(tuple(prompt), (*target, tokenizer.eos_token_id), "teacher_followed"))
     return out

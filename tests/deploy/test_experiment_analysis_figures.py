@@ -43,8 +43,10 @@ def test_figures_from_copied_analyses(tmp_path):
                                                                                         "replay_success": 4}}})
     _write(tmp_path, "uniskill_seed0", "skills_growth.json", {"series": _series([0, 1, 1, 1], [1, 0, 0, 0], [8] * 4)})
     gains = [{"r_align": r, "gain": g} for r, g in [(0.1, 0.0), (0.2, 0.25), (0.3, 0.5), (-0.1, -0.25)]]
-    _write(tmp_path, "uniskill_seed0", "ralign_vs_rollout.json", {"gains": gains[:2], "skipped_steps": {"9": "x"}})
-    _write(tmp_path, "uniskill_seed1", "ralign_vs_rollout.json", {"gains": gains[2:]})
+    _write(tmp_path, "uniskill_seed0", "ralign_vs_rollout.json", {"gains": gains[:2], "skipped_steps": {"9": "x"},
+                                                                  "stats": {"n": 2, "spearman_rho": 1.0}})
+    _write(tmp_path, "uniskill_seed1", "ralign_vs_rollout.json", {"gains": gains[2:],
+                                                                  "stats": {"n": 2, "spearman_rho": 1.0}})
     f = analysis_figures(tmp_path)
     assert (f["replay_audit"]["replayed"], f["replay_audit"]["replay_success"]) == (15, 14)
     assert f["replay_audit"]["rate"] == pytest.approx(14 / 15)
