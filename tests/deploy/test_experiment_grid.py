@@ -14,6 +14,7 @@ from deploy.evaluation import EvalResult
 from deploy.experiment.grid import GridError, expand_vars, load_grid, plan_runs, run_overrides, run_state
 from deploy.experiment.report import (
     CurvePoint,
+    InitialResult,
     RunResult,
     check_one_model,
     curve_band,
@@ -290,9 +291,50 @@ def test_runs_with_results_json_are_skipped_without_training(tmp_path):
     for r in plan:
         r.result_path.parent.mkdir(parents=True, exist_ok=True)
         r.result_path.write_text("{}")
+    (tmp_path / "res" / "initial.json").write_text("{}")
     # the model does not exist and python cannot start: nothing may be attempted
     outcome = run_grid(grid, p, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res", python="/nonexistent/py")
     assert outcome.skipped == [r.key for r in plan] and outcome.done == [] and outcome.failed == []
+
+
+FAKE_EVAL = """#!/bin/sh
+# stands in for `python -m deploy eval ... --set run.output_dir=DIR`: copies $EVAL_JSON to DIR/eval/eval.json
+[ -n "$FAIL_EVAL" ] && exit 4
+out=""; for a in "$@"; do case "$a" in run.output_dir=*) out=$(echo "${a#run.output_dir=}" | tr -d '"');; esac; done
+mkdir -p "$out/eval" && cat "$EVAL_JSON" > "$out/eval/eval.json"
+"""
+
+
+def test_the_initial_model_is_evaluated_once_before_the_runs(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    p = _write(tmp_path, VALID.replace("/models/x", str(model)))
+    grid = load_grid(p)
+    for r in plan_runs(grid, runs_dir=tmp_path / "runs", results_dir=tmp_path / "res"):
+        r.result_path.parent.mkdir(parents=True, exist_ok=True)
+        r.result_path.write_text("{}")  # every run done: only the initial evaluation is missing
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_EVAL)
+    fake.chmod(0o755)
+    monkeypatch.setenv("EVAL_JSON", str(tmp_path / "e.json"))
+    (tmp_path / "e.json").write_text(_eval({"t1": 0.0, "t2": 0.5}, label="eval").model_dump_json())
+    kw = {"runs_dir": tmp_path / "runs", "results_dir": tmp_path / "res", "python": str(fake), "cwd": tmp_path}
+    monkeypatch.setenv("FAIL_EVAL", "1")
+    outcome = run_grid(grid, p, **kw)
+    assert outcome.failed == ["initial"] and not (tmp_path / "res" / "initial.json").exists()
+    monkeypatch.delenv("FAIL_EVAL")
+    outcome = run_grid(grid, p, **kw)
+    assert outcome.failed == [] and outcome.done == []
+    initial = InitialResult.model_validate_json((tmp_path / "res" / "initial.json").read_text())
+    assert initial.eval.per_task == {"t1": 0.0, "t2": 0.5} and initial.model_sha256 == model_digest(model)
+    cmd = (tmp_path / "runs" / "initial.log").read_text().splitlines()[-1]
+    assert f" -m deploy eval --config {ROOT}/deploy/configs/smoke_cpu.yaml --checkpoint {model} --k 2 " in cmd
+    assert "--set eval.num_tasks=4" in cmd and f'--set run.output_dir="{tmp_path}/runs/initial"' in cmd
+    log_before = (tmp_path / "runs" / "initial.log").read_text()
+    run_grid(grid, p, **kw)  # evaluated once
+    assert (tmp_path / "runs" / "initial.log").read_text() == log_before
 
 
 def test_collect_result_reads_a_finished_run(tmp_path):
@@ -377,6 +419,24 @@ def test_report_files(tmp_path):
     assert [(c["arm"], c["reference"]) for c in summary["comparisons"]] == [("grpo", "smrc")]
     assert [a["arm"] for a in summary["arms"]] == ["grpo", "smrc"] and summary["missing"] == ["grpo_seed2"]
     assert (tmp_path / "curves.png").stat().st_size > 1000 and (tmp_path / "README.md").read_text() == table
+
+
+def test_report_compares_every_arm_with_the_initial_model(tmp_path):
+    runs = [r.model_copy(update={"model_sha256": "m"}) for r in [*REF, *ARM]]
+    initial = InitialResult(grid="g", eval=_eval({"t1": 0.0, "t2": 0.5}, label="eval"), commit="c", seconds=9.0,
+                            model_sha256="m")
+    table, summary_path = write_report("g", ["grpo", "smrc"], "grpo", runs, tmp_path, expected=[], k=2,
+                                       initial=initial)
+    # per-task means over all seeds: smrc t1 0.5, t2 0.5; grpo t1 0.25, t2 0.5; initial t1 0.0, t2 0.5
+    assert "Initial model, before training (the same evaluation): Avg@2 0.250" in table
+    assert "| smrc - initial | +0.250 ± 0.250 | [+0.000, +0.500] | 2 | 0,1,2 |" in table
+    assert "| grpo - initial | +0.125 ± 0.125 | [+0.000, +0.250] | 2 | 0,1 |" in table
+    summary = json.loads(summary_path.read_text())
+    assert summary["initial"]["avg_at_k"] == pytest.approx(0.25)
+    assert summary["paired_vs_initial"]["smrc"]["mean"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="initial.json"):  # evaluated from another model
+        write_report("g", ["grpo"], "grpo", runs, tmp_path, expected=[], k=2,
+                     initial=initial.model_copy(update={"model_sha256": "other"}))
 
 
 def test_cli_refuses_a_bad_grid_naming_the_key(tmp_path):
