@@ -50,15 +50,26 @@ def _eval(run: Path, label: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _episode_key(traj_id: str, groups: dict[str, str]) -> str:
+    """A trajectory's name that two runs share. Its id is `task@seed#<random>/k`; keep task@seed
+    and k, and number a task's groups in the order they first appear in the step's file."""
+    group, k = traj_id.rsplit("/", 1)
+    if group not in groups:
+        task = group.split("#", 1)[0]
+        groups[group] = f"{task}#{sum(1 for name in groups.values() if name.startswith(task + '#'))}"
+    return f"{groups[group]}/{k}"
+
+
 def _steps(run: Path) -> dict[int, dict[str, list[tuple[list[int], list[float]]]]]:
-    """step -> traj_id -> [(response ids, sampler log-probs) per turn]."""
+    """step -> episode key -> [(response ids, sampler log-probs) per turn]."""
     steps = {}
     for path in sorted((run / "rl" / "trajectories").glob("step_*.jsonl")):
-        trajs = {}
+        trajs, groups = {}, {}
         for line in path.read_text().splitlines():
             if line.strip():
                 t = json.loads(line)
-                trajs[t["traj_id"]] = [(turn["response_ids"], turn.get("sampler_logprobs") or []) for turn in t["turns"]]
+                turns = [(turn["response_ids"], turn.get("sampler_logprobs") or []) for turn in t["turns"]]
+                trajs[_episode_key(t["traj_id"], groups)] = turns
         steps[int(path.stem.split("_")[1])] = trajs
     return steps
 
@@ -68,7 +79,7 @@ def _compare_steps(a: dict, b: dict) -> dict:
     for step in sorted(set(a) & set(b)):
         ta, tb = a[step], b[step]
         if ta.keys() != tb.keys():
-            return {"first_step": step, "kind": "different trajectory ids"}
+            return {"first_step": step, "kind": "different tasks or episodes"}
         ids_differ = [k for k in ta if [ids for ids, _ in ta[k]] != [ids for ids, _ in tb[k]]]
         drift = max((abs(x - y) for k in ta for (_, la), (_, lb) in zip(ta[k], tb[k]) for x, y in zip(la, lb)),
                     default=0.0)

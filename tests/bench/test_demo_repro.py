@@ -28,7 +28,7 @@ def _run(root: Path, name: str, *, step2_ids=(5, 6), step2_logp=(-0.5, -0.25), s
     (run / "rl" / "eval" / "step_000002.json").write_text(json.dumps(_eval(0.5, {"t1": 1.0, "t2": 0.0})))
     (run / "rl" / "trajectories").mkdir()
     for step, (ids, logp) in ((1, ((1, 2), (-0.1, -0.2))), (2, (step2_ids, step2_logp))):
-        traj = {"traj_id": "t1/0", "turns": [{"response_ids": list(ids), "sampler_logprobs": list(logp)}]}
+        traj = {"traj_id": f"t1@7#{name}/0", "turns": [{"response_ids": list(ids), "sampler_logprobs": list(logp)}]}
         (run / "rl" / "trajectories" / f"step_{step:06d}.jsonl").write_text(json.dumps(traj) + "\n")
     (run / "rl" / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "success_rate": 0.5}) for s in (1, 2)))
     summary = {"random init": _eval(0.0, {}), "after SFT": _eval(0.25, {}), "after RL": _eval(0.5, {}),
