@@ -209,11 +209,17 @@ def run_sft(cfg: TrainConfig, model_path: str, out: str | Path, *, num_tasks: in
             else:
                 continue
             break
+    stopped_by = "epochs" if done_steps == total else "time budget"
+    if stopped_by != "epochs":  # the weights then depend on the machine's speed and load
+        bar.console.print(f"[yellow]sft stopped by its {minutes:g}-minute budget after {done_steps} of {total} steps: "
+                          "these weights depend on this machine's speed and load (raise sft.minutes to finish "
+                          "every epoch and make them reproducible)")
     out = Path(out)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     elapsed = time.perf_counter() - start
-    summary = {"rows": len(rows), "rows_by_kind": kinds, "dropped_longer_than_model": too_long, "episodes": num_tasks, "optimizer_steps": done_steps, "tokens": tokens,
+    summary = {"rows": len(rows), "rows_by_kind": kinds, "dropped_longer_than_model": too_long, "episodes": num_tasks, "optimizer_steps": done_steps,
+               "planned_steps": total, "stopped_by": stopped_by, "tokens": tokens,
                "seconds": elapsed, "tokens_per_s": tokens / max(elapsed, 1e-9), "final_loss": log[-1]["loss"] if log else None,
                "note": "cold start: the tiny model has no language prior; SFT on expert demos is its only warm start"}
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
