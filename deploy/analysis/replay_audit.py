@@ -72,6 +72,29 @@ class PairAudit(BaseModel):
     """share of common matches where A and B pick the same candidate action"""
 
 
+class FailedReplay(BaseModel):
+    """A matched turn whose candidate and reference suffix did not win from the student's state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    traj_id: str
+    task_id: str
+    t: int
+    """The student's turn (its state is the one before action t)."""
+    ref_position: int
+    matchers: list[str]
+    """The matchers that matched this turn to `ref_position`."""
+    student_actions: list[str]
+    """The student's last actions before turn t (at most FAILED_CONTEXT)."""
+    reference_suffix: list[str]
+    """The replayed reference actions from `ref_position` (at most FAILED_CONTEXT)."""
+
+
+FAILED_CONTEXT = 6
+MAX_FAILED_LISTED = 100
+
+
 class ReplayAuditResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -87,6 +110,9 @@ class ReplayAuditResult(BaseModel):
     """distinct turns matched by at least one matcher (the replay population)"""
     replayed_turns: int
     """distinct turns replayed (== matched_turns_any unless capped by max_turns)"""
+    failed_replays: list[FailedReplay] = []
+    """The failed replays in step order, each listed while one of its matchers has fewer than
+    MAX_FAILED_LISTED listed, to see why a match did not replay."""
     json_path: str | None = None
     png_path: str | None = None
 
@@ -181,6 +207,7 @@ def run_replay_audit(
     cache: dict[tuple[tuple[int, str, int], int], bool] = {}
     replayed = {m: 0 for m in matchers}
     succeeded = {m: 0 for m in matchers}
+    failed: dict[tuple[tuple[int, str, int], int], list[str]] = {}
     for key in keys:
         task, student_actions, ref_actions = context[key]
         t = key[2]
@@ -191,7 +218,19 @@ def run_replay_audit(
                 cache[(key, k)] = replay_candidate(env, task, student_actions[:t], ref_actions[k:])
             replayed[m] += 1
             succeeded[m] += cache[(key, k)]
+            if not cache[(key, k)]:
+                failed.setdefault((key, k), []).append(m)
     env.close()
+    failed_replays, listed = [], dict.fromkeys(matchers, 0)
+    for (key, k), ms in sorted(failed.items()):
+        if all(listed[m] >= MAX_FAILED_LISTED for m in ms):
+            continue
+        for m in ms:
+            listed[m] += 1
+        failed_replays.append(FailedReplay(
+            step=key[0], traj_id=key[1], task_id=context[key][0].task_id, t=key[2], ref_position=k, matchers=ms,
+            student_actions=context[key][1][max(0, key[2] - FAILED_CONTEXT):key[2]],
+            reference_suffix=context[key][2][k:k + FAILED_CONTEXT]))
 
     n = max(total_turns, 1)
     audits = {
@@ -205,7 +244,7 @@ def run_replay_audit(
     result = ReplayAuditResult(
         run_dir=str(run_dir), steps=steps, num_trajectories=n_traj, total_turns=total_turns,
         turns_with_reference=with_ref, matchers=audits, pairs=pairs, max_turns=max_turns,
-        matched_turns_any=len(matched), replayed_turns=len(keys))
+        matched_turns_any=len(matched), replayed_turns=len(keys), failed_replays=failed_replays)
 
     out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
     out.mkdir(parents=True, exist_ok=True)

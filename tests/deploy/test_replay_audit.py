@@ -85,3 +85,29 @@ def test_max_turns_caps_replays_deterministically(tmp_path):
     assert a.model_dump(exclude={"json_path", "png_path"}) == b.model_dump(exclude={"json_path", "png_path"})
     assert format_summary(a)[-1].startswith("structured replay success: ")
     assert (tmp_path / "a" / "replay_audit.png").is_file()
+
+
+def test_failed_replays_are_listed_with_their_context(tmp_path, monkeypatch):
+    import deploy.analysis.replay_audit as audit_mod
+
+    _fake_run(tmp_path)
+    env_cfg = load_env_config(tmp_path)
+    ok = run_replay_audit(tmp_path, env_cfg=env_cfg, out_dir=tmp_path / "ok")
+    failed = sum(a.replayed - a.replay_success for a in ok.matchers.values())
+    assert sum(len(f.matchers) for f in ok.failed_replays) == failed  # the observation matcher's, here
+    assert not any("structured" in f.matchers for f in ok.failed_replays)
+    monkeypatch.setattr(audit_mod, "replay_candidate", lambda env, task, prefix, suffix: False)
+    result = run_replay_audit(tmp_path, env_cfg=env_cfg, out_dir=tmp_path / "bad")
+    s = result.matchers["structured"]
+    assert s.replay_success == 0 and s.replayed > 0
+    listed = result.failed_replays
+    for m, a in result.matchers.items():  # every failure, or at least the first MAX_FAILED_LISTED of each matcher
+        assert min(a.replayed, audit_mod.MAX_FAILED_LISTED) <= sum(m in f.matchers for f in listed) <= a.replayed
+    trajs = {json.loads(line)["traj_id"]: json.loads(line) for p in sorted((tmp_path / "trajectories").glob("*.jsonl"))
+             for line in p.read_text().splitlines()}
+    for f in listed:
+        actions = [turn["env_action"] for turn in trajs[f.traj_id]["turns"]]
+        assert f.student_actions == actions[max(0, f.t - audit_mod.FAILED_CONTEXT):f.t]
+        assert len(f.reference_suffix) <= audit_mod.FAILED_CONTEXT and f.task_id == trajs[f.traj_id]["task"]["task_id"]
+    saved = json.loads((tmp_path / "bad" / "replay_audit.json").read_text())
+    assert len(saved["failed_replays"]) == len(listed)
