@@ -19,7 +19,6 @@ after-SFT and after-RL Avg@k of every run, and each run's training success per s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -29,20 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+from deploy.experiment.runner import model_digest
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_DIR = ROOT / "runs" / "demo_repro"
 OUT = ROOT / "results" / "demo"
-
-
-def _digest(model_dir: Path) -> str | None:
-    files = sorted(p for p in model_dir.glob("*") if p.suffix in (".safetensors", ".bin"))
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 def _eval(run: Path, label: str) -> dict | None:
@@ -96,7 +86,7 @@ def summarize(run: Path) -> dict:
     sft, rl = summary["after SFT"], summary["after RL"]
     return {
         "run": run.name, "minutes": round(summary["minutes"], 2),
-        "base_sha256": _digest(run / "base"), "sft_sha256": _digest(run / "sft"),
+        "base_sha256": model_digest(run / "base"), "sft_sha256": model_digest(run / "sft"),
         "random_init_avg": summary["random init"]["avg_at_k"], "sft_avg": sft["avg_at_k"], "rl_avg": rl["avg_at_k"],
         "rl_gain": summary["rl_gain_paired"]["mean"], "rl_gain_se": summary["rl_gain_paired"]["se"],
         "train_success_by_step": [m.get("success_rate") for m in metrics],

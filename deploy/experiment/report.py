@@ -288,8 +288,9 @@ def write_report(grid_name: str, arms: Sequence[str], reference: str, results: S
     if extra:
         table += "\nFurther paired differences (per task: mean over the seeds both arms finished):\n\n"
         table += comparisons_table(extra, k)
-    vs_initial = [paired_vs_initial(arm, runs, initial) for arm, runs in by_arm.items()] if initial else []
+    vs_initial = []
     if initial is not None:
+        vs_initial = [paired_vs_initial(arm, runs, initial) for arm, runs in by_arm.items()]
         e = initial.eval
         table += (f"\nInitial model, before training (the same evaluation): Avg@{k} {e.avg_at_k:.3f} ± "
                   f"{e.avg_at_k_se:.3f} (s.e. over tasks), Pass@{k} {e.pass_at_k:.3f}. What training added, per task "
