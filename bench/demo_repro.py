@@ -12,7 +12,7 @@ Per stage it compares:
 Writes results/demo/repro.json (runs, medians, first divergence) and results/demo/repro.png (the
 after-SFT and after-RL Avg@k of every run, and each run's training success per step).
 
-    .venv/bin/python bench/demo_repro.py --runs 3        # about 17-20 min per run on 2 cores
+    .venv/bin/python bench/demo_repro.py --runs 3        # about 26 min per run on 2 cores (measured 2026-12-02)
     .venv/bin/python bench/demo_repro.py --compare-only  # re-read runs/demo_repro/run*/
 """
 
