@@ -70,11 +70,25 @@ def load_causal_lm(
     from transformers.initialization import no_init_weights
 
     config = AutoConfig.from_pretrained(model_path)
-    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=zero3_config, dtype=dtype):
+    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=_zero_init_config(zero3_config, dtype)):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # every weight is loaded below
         model.tie_weights()  # no_init_weights skipped the tying that post_init would do
     _load_partitioned(model, Path(model_path))
     return model
+
+
+def _zero_init_config(zero3_config: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """The ZeRO-3 config with its precision set to `dtype`. zero.Init is given the dtype through the
+    config, never through its `dtype` argument: DeepSpeed 0.19.8 ignores that argument on a CPU
+    without oneDNN fp16 (AMD EPYC, say) and builds every parameter in bf16 (an operator-precedence
+    slip in `Init._set_dtype`), which silently rounds fp32 weights and swallows small updates."""
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"ZeRO-3 loading supports float32, bfloat16 and float16 weights, got {dtype}")
+    return {
+        **zero3_config,
+        "bf16": {**zero3_config.get("bf16", {}), "enabled": dtype == torch.bfloat16},
+        "fp16": {**zero3_config.get("fp16", {}), "enabled": dtype == torch.float16},
+    }
 
 
 def _load_partitioned(model: torch.nn.Module, model_dir: Path) -> None:

@@ -80,6 +80,20 @@ def test_zero_stages_match_plain_torch(tiny_model_dir, make_rows, free_port, sta
     assert m.grad_norm == pytest.approx(m_ref.grad_norm, rel=1e-4)
 
 
+@pytest.mark.parametrize("fp16_cpu", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_zero3_builds_weights_in_the_configured_dtype(tiny_model_dir, free_port, monkeypatch, dtype, fp16_cpu):
+    """zero.Init must build the configured precision whatever the CPU: DeepSpeed's own dtype
+    argument is ignored on CPUs without oneDNN fp16 (they got bf16 weights in an fp32 run)."""
+    from deepspeed.accelerator import get_accelerator
+
+    monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: fp16_cpu)
+    w = LearnerWorker(ds_cfg(zero_stage=3, dtype=dtype), str(tiny_model_dir), master_port=free_port())
+    want = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    assert {p.ds_tensor.dtype for p in w.backend.module.parameters()} == {want}
+    assert {v.dtype for v in w.backend.export_state_dict().values()} == {want}
+
+
 def test_checkpoint_round_trip(tiny_model_dir, make_rows, free_port, tmp_path):
     rows = make_rows()
     w = LearnerWorker(ds_cfg(zero_stage=2), str(tiny_model_dir), master_port=free_port())
