@@ -24,7 +24,7 @@ $(STAMP):
 	rm -f $(VENV)/.installed-* && touch $@
 
 test: install
-	$(VPY) -m pytest tests -q
+	$(VPY) -m pytest tests -q --durations=25  # the slowest tests, to keep the suite's time in view
 
 test-fast: install
 	$(VPY) -m pytest tests -q -m "not slow and not e2e"

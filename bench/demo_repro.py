@@ -12,7 +12,7 @@ Per stage it compares:
 Writes results/demo/repro.json (runs, medians, first divergence) and results/demo/repro.png (the
 after-SFT and after-RL Avg@k of every run, and each run's training success per step).
 
-    .venv/bin/python bench/demo_repro.py --runs 3        # about 26 min per run on 2 cores (measured 2026-12-02)
+    .venv/bin/python bench/demo_repro.py --runs 3        # about 19-20 min per run on 2 cores (measured 2026-12-03)
     .venv/bin/python bench/demo_repro.py --compare-only  # re-read runs/demo_repro/run*/
 """
 
@@ -114,9 +114,18 @@ def compare(runs: list[Path]) -> dict:
         return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "mean": statistics.fmean(xs),
                 "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
-    return {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+    return {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": _cpu_model()},
             "runs": rows, "bit_identical_across_runs": stages, "rl_rollouts_vs_first_run": divergence,
             "distribution": {k: stats(k) for k in ("sft_avg", "rl_avg", "rl_gain", "minutes")}}
+
+
+def _cpu_model() -> str:
+    """The CPU's model name: the demo's time (and float32 kernels) depend on it."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
 
 
 def plot(result: dict, out: Path) -> None:
