@@ -23,6 +23,7 @@ X > 0: the model gains more from the block where the block holds the answer than
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -54,12 +55,17 @@ class TeacherGainDetail:
     expert's action): how far the block moves the model towards a candidate it would not pick."""
 
     def to_json(self) -> dict:
+        """Strict JSON: a group with no states (or a figure with none) has null mean/lo/hi, not NaN."""
+
+        def stat(mean: float, lo: float, hi: float, n: int) -> dict:
+            finite = n > 0 and all(math.isfinite(x) for x in (mean, lo, hi))
+            return {"mean": mean, "lo": lo, "hi": hi, "n": n} if finite else {"mean": None, "lo": None, "hi": None, "n": n}
+
         def group(values: tuple[float, ...], seed: int = 0) -> dict:
-            mean, lo, hi = bootstrap_ci(values, seed=seed)
-            return {"mean": mean, "lo": lo, "hi": hi, "n": len(values)}
+            return stat(*bootstrap_ci(values, seed=seed), len(values))
 
         f = self.figure
-        return {"mean": f.mean, "lo": f.lo, "hi": f.hi, "n": f.n, "tasks_used": self.tasks_used,
+        return {**stat(f.mean, f.lo, f.hi, f.n), "tasks_used": self.tasks_used,
                 "delta_matched": group(self.matched), "delta_mismatched": group(self.mismatched),
                 "student_logp_matched": group(self.student_matched),
                 "student_logp_mismatched": group(self.student_mismatched),

@@ -22,6 +22,10 @@ LINES = [
 ]
 
 
+def _reject(token: str):
+    raise ValueError(f"abilities.json holds {token}, which is not JSON")
+
+
 def _deploy(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deploy", "testbed", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, check=False)
@@ -53,7 +57,7 @@ def test_abilities_prints_exactly_the_three_lines(built):
     assert len(lines) == 3, res.stdout
     for line, pattern in zip(lines, LINES, strict=True):
         assert re.fullmatch(pattern, line), (line, pattern)
-    record = json.loads((built / "abilities.json").read_text())
+    record = json.loads((built / "abilities.json").read_text(), parse_constant=_reject)  # strict JSON: no NaN
     teacher = record["teacher_context_gain"]
     assert teacher["delta_matched"]["n"] + teacher["delta_mismatched"]["n"] == teacher["n"] > 0
     assert f"{teacher['mean']:+.3f}" in lines[0] and record["split"] == "valid_unseen"

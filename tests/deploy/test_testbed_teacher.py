@@ -193,3 +193,18 @@ def test_run_sft_records_whether_the_time_budget_cut_it_short(tmp_path):
     assert cut["stopped_by"] == "time budget" and cut["optimizer_steps"] == 1 < cut["planned_steps"]
     full = json.loads((run_sft(cfg, str(base), tmp_path / "full", minutes=60) / "sft_summary.json").read_text())
     assert full["stopped_by"] == "epochs" and full["optimizer_steps"] == full["planned_steps"]
+
+
+def test_ability_record_is_strict_json_when_a_group_is_empty():
+    """No followed states (or no mismatched ones) is a null figure in abilities.json, never NaN."""
+    from deploy.testbed.abilities import TeacherGainDetail
+    from deploy.testbed.types import AbilityFigure
+
+    detail = TeacherGainDetail(figure=AbilityFigure(mean=float("nan"), lo=float("nan"), hi=float("nan"), n=0,
+                                                    per_item=()),
+                               matched=(0.5, 0.25), mismatched=(), tasks_used=1, student_matched=(-1.0, -2.0))
+    record = json.loads(json.dumps(detail.to_json(), allow_nan=False))
+    assert record["delta_matched"] == {"mean": 0.375, "lo": 0.25, "hi": 0.5, "n": 2}
+    assert record["delta_mismatched"] == record["copy_gain_followed_states"] | {"n": 0} == {
+        "mean": None, "lo": None, "hi": None, "n": 0}
+    assert (record["mean"], record["n"]) == (None, 0)
