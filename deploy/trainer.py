@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import zlib
 from collections.abc import Callable
@@ -388,6 +389,8 @@ def learner_log_dict(m: StepMetrics) -> dict[str, float]:
     for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "kl", "entropy", "grad_norm", "lr",
                 "num_rows", "num_tokens", "num_optimizer_steps", "score_mean", "advantage_abs_mean",
                 "sampler_logp_abs_diff"):
+        if key == "entropy" and math.isnan(m.entropy):
+            continue  # learner.log_entropy is off: not measured, so absent (metrics.jsonl stays strict JSON)
         out[key] = float(getattr(m, key))
     out.update({f"learner/{k}": v for k, v in m.seconds.model_dump().items()})
     for k, v in m.extra_metrics.items():  # sd_* (SMRC-SD) -> sd/*, prop_* (UniSkill proposer) -> uniskill/*

@@ -189,7 +189,7 @@ class LearnerConfig(BaseModel):
     the fp32 logits of only this many positions exist at a time."""
     log_entropy: bool = True
     """Measure the policy entropy for the step metrics. False with entropy_coeff = 0 skips every
-    entropy computation (StepMetrics.entropy is then NaN)."""
+    entropy computation (StepMetrics.entropy is then NaN, and metrics.jsonl has no `entropy` key)."""
     ref_placement: RefPlacement = "device"
     """Where the frozen reference model (kl_coef > 0 or the proposer KL) lives. "device": a full
     copy in the training dtype on every rank's device; "shard": partitioned over the ranks with the

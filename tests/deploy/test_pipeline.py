@@ -196,3 +196,21 @@ def test_pipeline_refuses_a_second_rollout_and_the_wrong_step():
     got = pipe.take(3, prefetched=True)
     assert got.step == 3 and got.prefetched and pipe.in_flight_step is None
     assert pipe.discard() is None
+
+
+@pytest.mark.parametrize("entropy", [0.7, float("nan")])
+def test_learner_log_dict_omits_entropy_that_was_not_measured(entropy):
+    """learner.log_entropy off gives StepMetrics.entropy NaN: metrics.jsonl leaves the key out, not NaN."""
+    import json
+    import math
+
+    from deploy.trainer import learner_log_dict
+
+    m = StepMetrics(policy_version=1, loss=0.1, pg_loss=0.1, kl_loss=0.0, entropy_loss=0.0, extra_losses={},
+                    pg_clipfrac=0.0, pg_clipfrac_lower=0.0, ppo_kl=0.0, kl=0.0, entropy=entropy, grad_norm=1.0,
+                    lr=1e-5, num_rows=2, num_tokens=4, num_optimizer_steps=1, score_mean=0.5, advantage_abs_mean=0.5,
+                    response_length_mean=2.0, rep4gram_ratio=0.0, sampler_logp_abs_diff=0.0,
+                    seconds=StageSeconds(collate_s=0, logprob_s=0, advantage_s=0, update_s=0, total_s=0))
+    out = learner_log_dict(m)
+    assert out.get("entropy", "absent") == ("absent" if math.isnan(entropy) else entropy)
+    json.dumps(out, allow_nan=False)  # raises on NaN
