@@ -3,6 +3,8 @@ cluster that records the order of its calls: K = 0 is the synchronous schedule (
 sync in turn), K = 1 submits step k+1's rollout before step k trains, never across an evaluation
 or a checkpoint, and the staleness of every trained batch stays within K."""
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from deploy.pipeline import (
     check_staleness,
     may_prefetch,
 )
-from deploy.trainer import Trainer, TrainerState
+from deploy.trainer import Trainer, TrainerState, learner_log_dict
 from learner.types import StageSeconds, StepMetrics
 from rollout_workers.types import RolloutStats, Trajectory, Turn
 
@@ -29,6 +31,15 @@ def _traj(task, i: int, version: int) -> Trajectory:
     return Trajectory(task=task, group_id=f"{task.task_id}-g", traj_id=f"{task.task_id}-{i}-v{version}",
                       turns=(turn,), success=i % 2 == 0, score=float(i % 2 == 0), policy_version=version,
                       end_reason="won" if i % 2 == 0 else "step_limit")
+
+
+def _metrics(*, entropy: float = 1.0, num_rows: int = 2) -> StepMetrics:
+    """A learner step's metrics with plausible values."""
+    return StepMetrics(policy_version=0, loss=0.1, pg_loss=0.1, kl_loss=0.0, entropy_loss=0.0, extra_losses={},
+                       pg_clipfrac=0.0, pg_clipfrac_lower=0.0, ppo_kl=0.0, kl=0.0, entropy=entropy, grad_norm=1.0,
+                       lr=1e-5, num_rows=num_rows, num_tokens=2 * num_rows, num_optimizer_steps=1, score_mean=0.5,
+                       advantage_abs_mean=0.5, response_length_mean=2.0, rep4gram_ratio=0.0, sampler_logp_abs_diff=0.0,
+                       seconds=StageSeconds(collate_s=0, logprob_s=0, advantage_s=0, update_s=0, total_s=0))
 
 
 class FakeCluster:
@@ -70,12 +81,7 @@ class FakeCluster:
 
     def train(self, rows, proposals=(), align=(), *, proposer_warmup=False):
         self.calls.append("train")
-        return StepMetrics(policy_version=0, loss=0.1, pg_loss=0.1, kl_loss=0.0, entropy_loss=0.0, extra_losses={},
-                           pg_clipfrac=0.0, pg_clipfrac_lower=0.0, ppo_kl=0.0, kl=0.0, entropy=1.0, grad_norm=1.0,
-                           lr=1e-5, num_rows=len(rows), num_tokens=2 * len(rows), num_optimizer_steps=1,
-                           score_mean=0.5, advantage_abs_mean=0.5, response_length_mean=2.0, rep4gram_ratio=0.0,
-                           sampler_logp_abs_diff=0.0,
-                           seconds=StageSeconds(collate_s=0, logprob_s=0, advantage_s=0, update_s=0, total_s=0))
+        return _metrics(num_rows=len(rows))
 
     def sync_weights(self, version):
         self.calls.append(f"sync(v{version})")
@@ -201,16 +207,6 @@ def test_pipeline_refuses_a_second_rollout_and_the_wrong_step():
 @pytest.mark.parametrize("entropy", [0.7, float("nan")])
 def test_learner_log_dict_omits_entropy_that_was_not_measured(entropy):
     """learner.log_entropy off gives StepMetrics.entropy NaN: metrics.jsonl leaves the key out, not NaN."""
-    import json
-    import math
-
-    from deploy.trainer import learner_log_dict
-
-    m = StepMetrics(policy_version=1, loss=0.1, pg_loss=0.1, kl_loss=0.0, entropy_loss=0.0, extra_losses={},
-                    pg_clipfrac=0.0, pg_clipfrac_lower=0.0, ppo_kl=0.0, kl=0.0, entropy=entropy, grad_norm=1.0,
-                    lr=1e-5, num_rows=2, num_tokens=4, num_optimizer_steps=1, score_mean=0.5, advantage_abs_mean=0.5,
-                    response_length_mean=2.0, rep4gram_ratio=0.0, sampler_logp_abs_diff=0.0,
-                    seconds=StageSeconds(collate_s=0, logprob_s=0, advantage_s=0, update_s=0, total_s=0))
-    out = learner_log_dict(m)
+    out = learner_log_dict(_metrics(entropy=entropy))
     assert out.get("entropy", "absent") == ("absent" if math.isnan(entropy) else entropy)
     json.dumps(out, allow_nan=False)  # raises on NaN
