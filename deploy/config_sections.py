@@ -146,7 +146,12 @@ class RayConfig(Section):
     rollout_gpus: float = 0.0
     """GPUs per RolloutWorker actor (tensor_parallel_size on a cluster)."""
     learner_cpus: float = 1.0
-    """CPUs per learner rank; torch gets round(cpus) threads."""
+    """CPUs per learner rank; torch gets round(cpus) threads unless learner_threads says otherwise."""
+    learner_threads: int | None = Field(None, ge=1)
+    """Torch threads of each learner rank; None = round(learner_cpus). Ray counts CPUs, it does not
+    pin them: a synchronous laptop run (rollout.max_staleness 0) leaves the rollout worker's core
+    idle while the learner trains, and learner_threads 2 puts it to work there (about 1.3x faster
+    updates of the tiny model on 2 cores). With overlapping phases the threads compete instead."""
     learner_gpus: float = 0.0
     """GPUs per learner rank."""
     num_learners: int = 1

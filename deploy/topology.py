@@ -88,10 +88,11 @@ def check_resources(cfg: TrainConfig, *, with_learner: bool) -> None:
                 f"({knobs[kind]}{learners}); lower those settings or add nodes")
 
 
-def _actor_env(cpus: float, *, gpu: bool = False, log_name: str) -> dict:
-    """Per-actor runtime_env: deployment env vars plus torch threads matching reserved CPUs; the
-    actor's output goes to RUN/logs/<log_name>.log when logs are routed (`deploy.logs`)."""
-    n = max(1, round(cpus))
+def _actor_env(cpus: float, *, gpu: bool = False, log_name: str, threads: int | None = None) -> dict:
+    """Per-actor runtime_env: deployment env vars plus torch threads (`threads`, by default the
+    reserved CPUs); the actor's output goes to RUN/logs/<log_name>.log when logs are routed
+    (`deploy.logs`)."""
+    n = threads or max(1, round(cpus))
     env = {**WORKER_ENV, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
     if gpu:
         env.pop("DS_ACCELERATOR")
@@ -337,7 +338,8 @@ def start_learners(cfg: TrainConfig, model_path: str) -> LearnerGroup:
         actor_cls.options(
             name=f"learner_{rank}", num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
             scheduling_strategy=place.strategy(rank),
-            runtime_env=_actor_env(r.learner_cpus, gpu=r.learner_gpus > 0, log_name=f"learner_rank{rank}"),
+            runtime_env=_actor_env(r.learner_cpus, gpu=r.learner_gpus > 0, log_name=f"learner_rank{rank}",
+                                   threads=r.learner_threads),
         ).remote(cfg.learner, model_path, rank=rank, world_size=r.num_learners, master_addr=place.master_addr,
                   master_port=place.master_port, rendezvous_file=place.rendezvous,
                   collective_timeout_s=r.collective_timeout_s)

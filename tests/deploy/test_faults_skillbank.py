@@ -156,7 +156,10 @@ def _servers_in(data_dir: Path) -> list[int]:
 
 
 def _train(model: Path, run: Path, component: str, log: Path) -> subprocess.CompletedProcess:
+    # the SFT-warmed policy wins about half of its episodes, so its groups of 8 make proposals that the
+    # faulted bank must decide exactly once; 2 groups a step (the config plays 4) keep the run short
     sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "eval.at_end=false",
+            "rollout.tasks_per_step=2",
             "faults.enabled=true", f"faults.kill={component}", "faults.at_step=1"]
     cmd = [sys.executable, "-m", "deploy", "train", "--config", str(ROOT / "deploy/configs/smoke_cpu_uniskill.yaml"),
            *[a for s in sets for a in ("--set", s)]]
@@ -167,10 +170,10 @@ def _train(model: Path, run: Path, component: str, log: Path) -> subprocess.Comp
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("component", ["skillbank_redis", "skillbank_actor"])
-def test_uniskill_run_survives_a_skillbank_fault(component, model, tmp_path):
+def test_uniskill_run_survives_a_skillbank_fault(component, warm_model, tmp_path):
     run = tmp_path / "run"
     seeded_history = _seed(run)
-    res = _train(model, run, component, tmp_path / "train.log")
+    res = _train(warm_model, run, component, tmp_path / "train.log")
     assert res.returncode == 0, res.stdout[-4000:]
     last = res.stdout.strip().splitlines()[-1]
     assert last.startswith(f"faults survived: {component} at step 1, restarts "), last
@@ -190,7 +193,7 @@ def test_uniskill_run_survives_a_skillbank_fault(component, model, tmp_path):
         cids = [d.candidate_id for d in decisions]
         assert len(cids) == len(set(cids)), "a proposal was decided twice"
         assert sorted(cids) == sorted([f"seed-{i}" for i in range(3)] + [r["candidate_id"] for r in archived])
-        assert sum(s.get("uniskill/proposals", 0) for s in steps) == len(archived)
+        assert sum(s.get("uniskill/proposals", 0) for s in steps) == len(archived) > 0
         accepted = sorted(d.candidate_id for d in decisions if d.outcome == "accepted")
         assert sorted(h.candidate_id for h in history) == accepted, "an edit was applied twice or lost"
         version, writes = 1, 0

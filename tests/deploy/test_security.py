@@ -49,7 +49,8 @@ def test_loopback_rule():
 
 def test_local_run_listens_on_loopback_only_and_writes_no_secret(model, tmp_path):
     run = tmp_path / "run"
-    sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=1", "eval.at_end=false"]
+    sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=1", "eval.at_end=false",
+            "rollout.tasks_per_step=2", "rollout.group_size=4"]  # the sockets and files matter, not the episodes
     cmd = [sys.executable, "-m", "deploy", "train", "--config", str(ROOT / "deploy/configs/smoke_cpu_uniskill.yaml"),
            *[a for s in sets for a in ("--set", s)]]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",

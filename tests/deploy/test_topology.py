@@ -91,3 +91,17 @@ def test_tensor_parallel_worker_sits_in_its_placement_group(monkeypatch):
         assert place.master_addr == "127.0.0.1" and Path(place.rendezvous).name.startswith(RENDEZVOUS_PREFIX)
     finally:
         ray.shutdown()
+
+
+def test_learner_threads_default_to_the_reserved_cpus_and_can_be_raised():
+    from deploy.topology import _actor_env
+
+    def threads(cpus: float, **kw) -> tuple[str, str]:
+        env = _actor_env(cpus, log_name="learner_rank0", **kw)["env_vars"]
+        return env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]
+
+    assert threads(1.0) == ("1", "1") and threads(0.25) == ("1", "1") and threads(4.0) == ("4", "4")
+    assert threads(1.0, threads=2) == ("2", "2")
+    assert load_config(None, ["ray.learner_threads=2"]).ray.learner_threads == 2
+    with pytest.raises(ValueError, match="learner_threads"):
+        load_config(None, ["ray.learner_threads=0"])

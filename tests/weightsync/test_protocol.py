@@ -103,7 +103,7 @@ def _spec(tmp_path, n: int, timeout_s: float = 20.0) -> GroupSpec:
 def test_two_receivers_get_every_tensor_exactly(tmp_path):
     import torch.distributed as dist
 
-    spec = _spec(tmp_path, 3)
+    spec = _spec(tmp_path, 3, timeout_s=60.0)  # two spawned receivers import torch before joining
     queue = CTX.Queue()
     procs = [CTX.Process(target=_receiver, args=(spec, r, queue, None)) for r in (1, 2)]
     for p in procs:
