@@ -69,9 +69,11 @@ class Episode:
                               admissible=[t.admissible_actions for t in self.traj.turns])
 
     def trace(self) -> RouteTrace:
-        """Actions, observations and the env tracker's exact signature of every observation."""
-        sigs = tracker_profile(self.traj.task.env).signatures(self.tracked())
-        return RouteTrace(actions=self.actions, observations=self.observations, signatures=sigs)
+        """Actions, observations, and the env tracker's exact signature and held instance of every
+        observation."""
+        profile, tracked = tracker_profile(self.traj.task.env), self.tracked()
+        return RouteTrace(actions=self.actions, observations=self.observations,
+                          signatures=profile.signatures(tracked), held=profile.held(tracked))
 
     def state_fields(self, t: int, trace: RouteTrace) -> dict[str, str]:
         """The teacher's state summary at turn t (the env tracker's summary fields)."""

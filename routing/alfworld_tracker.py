@@ -254,6 +254,11 @@ class AlfworldTracker:
     def inventory(self) -> str:
         return cls(self._b.holding) if self._b.holding else "none"
 
+    @property
+    def holding(self) -> str | None:
+        """The instance held ("soapbar 2"), which the signature keeps as its class only."""
+        return self._b.holding
+
     def location(self) -> str:
         loc = self._b.location
         if loc is None:
@@ -354,4 +359,19 @@ def signatures_for_episode(
     for t, obs in enumerate(observations):
         sig = tracker.observe(None if t == 0 else actions[t - 1], obs)
         out.append(tracker.abstract_signature() if abstract else sig)
+    return out
+
+
+def held_for_episode(
+    task_id: str, task_type: str, goal_text: str, observations: Sequence[str], actions: Sequence[str]
+) -> list[str | None]:
+    """The instance held at each observation of an archived episode (`signatures_for_episode`'s
+    turns), for binding a matched reference's actions to the student's instance."""
+    if len(observations) not in (len(actions), len(actions) + 1):
+        raise ValueError(f"{len(observations)} observations for {len(actions)} actions")
+    tracker = AlfworldTracker(task_id, task_type, goal_text)
+    out: list[str | None] = []
+    for t, obs in enumerate(observations):
+        tracker.observe(None if t == 0 else actions[t - 1], obs)
+        out.append(tracker.holding)
     return out

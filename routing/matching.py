@@ -15,12 +15,20 @@ Matchers (`MATCHERS`, keyed by `MatcherName`):
   actions (so k == t);
 - "observation": normalised current observation equality (GiGPO-style anchor), with the same
   monotone tie-break as "structured".
+
+Instance binding: a signature may name an object by class only (ALFWorld's inventory is "soapbar",
+not "soapbar 2"), so a student holding soapbar 1 matches a reference position holding soapbar 2,
+and the reference's own action there ("move soapbar 2 to countertop 1") is one the student cannot
+execute. Where both traces record the held instance (`RouteTrace.held`), of the same class and
+different, the candidate action swaps the two names (`binding`, `bind_action`); the replay audit
+binds the reference's suffix the same way.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Hashable, Sequence
+import re
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,6 +50,9 @@ class RouteTrace:
     actions: Sequence[str]
     observations: Sequence[str] = field(default_factory=tuple)
     signatures: Sequence[StateSignature] = field(default_factory=tuple)
+    held: Sequence[str | None] = field(default_factory=tuple)
+    """The object instance held before each action ("soapbar 2", None when empty-handed) where the
+    env's signature names it by class only; empty for envs without instances (no binding)."""
 
 
 Matcher = Callable[[RouteTrace, RouteTrace], list[RouteDecision]]
@@ -49,8 +60,32 @@ Matcher = Callable[[RouteTrace, RouteTrace], list[RouteDecision]]
 _NO = RouteDecision(matched=False, reason="no_match")
 
 
-def _hit(reference: RouteTrace, k: int, reason: str) -> RouteDecision:
-    return RouteDecision(matched=True, ref_position=k, candidate_action=reference.actions[k], reason=reason)
+def _held(trace: RouteTrace, position: int) -> str | None:
+    return trace.held[position] if position < len(trace.held) else None
+
+
+def binding(student: RouteTrace, t: int, reference: RouteTrace, k: int) -> dict[str, str]:
+    """The instance names to swap in the reference's actions from position k on, so that they
+    act on what the student holds at turn t: {ref's, student's} both ways when the two held
+    instances are of the same class ("soapbar 2" / "soapbar 1") and differ; else {}."""
+    mine, theirs = _held(student, t), _held(reference, k)
+    if not mine or not theirs or mine == theirs or mine.rsplit(" ", 1)[0] != theirs.rsplit(" ", 1)[0]:
+        return {}
+    return {theirs: mine, mine: theirs}
+
+
+def bind_action(action: str, swap: Mapping[str, str]) -> str:
+    """`action` with every whole instance name in `swap` replaced at once ("soapbar 1" is not
+    part of "soapbar 10")."""
+    if not swap:
+        return action
+    names = "|".join(re.escape(n) for n in sorted(swap, key=len, reverse=True))
+    return re.sub(rf"\b({names})(?!\d)", lambda m: swap[m.group(1)], action)
+
+
+def _hit(student: RouteTrace, t: int, reference: RouteTrace, k: int, reason: str) -> RouteDecision:
+    candidate = bind_action(reference.actions[k], binding(student, t, reference, k))
+    return RouteDecision(matched=True, ref_position=k, candidate_action=candidate, reason=reason)
 
 
 def _require(trace: RouteTrace, attr: str, role: str) -> Sequence[Hashable]:
@@ -61,14 +96,15 @@ def _require(trace: RouteTrace, attr: str, role: str) -> Sequence[Hashable]:
 
 
 def _monotone(
-    student_keys: Sequence[Hashable], ref_keys: Sequence[Hashable], reference: RouteTrace, reason: str, n: int
+    student_keys: Sequence[Hashable], ref_keys: Sequence[Hashable], student: RouteTrace, reference: RouteTrace,
+    reason: str,
 ) -> list[RouteDecision]:
     positions: dict[Hashable, list[int]] = {}
     for k in range(len(reference.actions)):
         positions.setdefault(ref_keys[k], []).append(k)  # ascending by construction
     out: list[RouteDecision] = []
     prev = -1
-    for t in range(n):
+    for t in range(len(student.actions)):
         ks = positions.get(student_keys[t])
         if not ks:
             out.append(_NO)
@@ -79,7 +115,7 @@ def _monotone(
         else:
             k, why = ks[-1], f"{reason}:last_occurrence"
         prev = k
-        out.append(_hit(reference, k, why))
+        out.append(_hit(student, t, reference, k, why))
     return out
 
 
@@ -87,14 +123,14 @@ def match_structured(student: RouteTrace, reference: RouteTrace) -> list[RouteDe
     """Signature hash-map matching with monotone alignment."""
     s = _require(student, "signatures", "student")
     r = _require(reference, "signatures", "reference")
-    return _monotone(s, r, reference, "structured", len(student.actions))
+    return _monotone(s, r, student, reference, "structured")
 
 
 def match_observation(student: RouteTrace, reference: RouteTrace) -> list[RouteDecision]:
     """Exact normalised observation equality with monotone alignment."""
     s = [normalize_text(o) for o in _require(student, "observations", "student")]  # type: ignore[arg-type]
     r = [normalize_text(o) for o in _require(reference, "observations", "reference")]  # type: ignore[arg-type]
-    return _monotone(s, r, reference, "observation", len(student.actions))
+    return _monotone(s, r, student, reference, "observation")
 
 
 def match_history(student: RouteTrace, reference: RouteTrace) -> list[RouteDecision]:
@@ -109,7 +145,7 @@ def match_history(student: RouteTrace, reference: RouteTrace) -> list[RouteDecis
                 and (normalize_text(student.actions[t - 1]) == normalize_text(reference.actions[t - 1]))
             )
         if agree and t < len(reference.actions):
-            out.append(_hit(reference, t, "history"))
+            out.append(_hit(student, t, reference, t, "history"))
         else:
             out.append(_NO)
     return out

@@ -7,6 +7,10 @@ a recorded episode's turns with state signatures and summarises the state for th
   admissible actions shown on each page (they tell option values from headers); the exact
   signature holds no stage, so the summary is the tracker's progress fields instead.
 
+`held(episode)` gives the object instance held at each observation where the signature names it
+by class only (ALFWorld), so a matched reference's actions can be bound to the student's instance
+(`routing.matching.binding`); WebShop has no instances and returns [].
+
 A new environment adds its tracker module and one entry to `TRACKERS`.
 """
 
@@ -20,22 +24,33 @@ from routing.types import StateSignature, TrackedEpisode
 
 SignaturesFn = Callable[[TrackedEpisode], list[StateSignature]]
 StateSummaryFn = Callable[[TrackedEpisode, int, Sequence[StateSignature]], dict[str, str]]
+HeldFn = Callable[[TrackedEpisode], list[str | None]]
 
 
 @dataclass(frozen=True)
 class TrackerProfile:
     """How routing tracks one env's state: `signatures(episode)` gives one exact signature per
     observation; `state_summary(episode, t, signatures)` the fields the teacher's state summary
-    shows at turn t (`routing.teacher_context`)."""
+    shows at turn t (`routing.teacher_context`); `held(episode)` the instance held at each
+    observation ([] for an env without instances)."""
 
     env: str
     signatures: SignaturesFn
     state_summary: StateSummaryFn
+    held: HeldFn
 
 
 def _alfworld_signatures(ep: TrackedEpisode) -> list[StateSignature]:
     return alfworld_tracker.signatures_for_episode(ep.task_id, ep.task_type, ep.instruction, ep.observations,
                                                    ep.actions)
+
+
+def _alfworld_held(ep: TrackedEpisode) -> list[str | None]:
+    return alfworld_tracker.held_for_episode(ep.task_id, ep.task_type, ep.instruction, ep.observations, ep.actions)
+
+
+def _no_instances(ep: TrackedEpisode) -> list[str | None]:
+    return []
 
 
 def _signature_fields(ep: TrackedEpisode, t: int, signatures: Sequence[StateSignature]) -> dict[str, str]:
@@ -60,8 +75,10 @@ def _webshop_summary(ep: TrackedEpisode, t: int, signatures: Sequence[StateSigna
 
 
 TRACKERS: dict[str, TrackerProfile] = {
-    alfworld_tracker.ENV_NAME: TrackerProfile(alfworld_tracker.ENV_NAME, _alfworld_signatures, _signature_fields),
-    webshop_tracker.ENV_NAME: TrackerProfile(webshop_tracker.ENV_NAME, _webshop_signatures, _webshop_summary),
+    alfworld_tracker.ENV_NAME: TrackerProfile(alfworld_tracker.ENV_NAME, _alfworld_signatures, _signature_fields,
+                                              _alfworld_held),
+    webshop_tracker.ENV_NAME: TrackerProfile(webshop_tracker.ENV_NAME, _webshop_signatures, _webshop_summary,
+                                             _no_instances),
 }
 
 

@@ -13,7 +13,9 @@ student turn of a trajectory with a reference is routed by each matcher; the aud
 - replay success per matcher: reset the env to the task, execute the student's actual action prefix
   env_actions[:t] (restoring the state), then the matched candidate reference.actions[k] and the
   rest of the reference's suffix reference.actions[k+1:], stopping when the episode ends;
-  success = won. With `max_turns`, a deterministic sample of at most that many matched turns is
+  success = won. The suffix is bound to the student's held instance as the candidate is
+  (`routing.matching.binding`: the signature keeps the held class, so a student holding soapbar 1
+  may match a reference holding soapbar 2, whose suffix then moves soapbar 1). With `max_turns`, a deterministic sample of at most that many matched turns is
   replayed (every matcher that matched a sampled turn is replayed there).
 
 Outputs OUT_DIR (default RUN_DIR/analysis)/replay_audit.json and replay_audit.png.
@@ -33,7 +35,7 @@ from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.types import TaskSpec
 from rollout_workers.types import Trajectory
-from routing.matching import MATCHERS, route
+from routing.matching import MATCHERS, bind_action, binding, route
 from routing.reference import SuccessBuffer
 from routing.types import RouteDecision
 
@@ -164,8 +166,8 @@ def run_replay_audit(
     n_traj = total_turns = with_ref = 0
     # (step, traj_id, t) -> {matcher: decision} for turns matched by at least one matcher
     matched: dict[tuple[int, str, int], dict[str, RouteDecision]] = {}
-    # key -> (task, student env_actions, reference actions)
-    context: dict[tuple[int, str, int], tuple[TaskSpec, list[str], list[str]]] = {}
+    # key -> (task, student env_actions, reference actions, {k: instance swap})
+    context: dict[tuple[int, str, int], tuple[TaskSpec, list[str], list[str], dict[int, dict[str, str]]]] = {}
     for step, trajs in iter_steps(run_dir):
         steps.append(step)
         n_traj += len(trajs)
@@ -181,7 +183,9 @@ def run_replay_audit(
                 if hits:
                     key = (step, ep.traj_id, t)
                     matched[key] = hits
-                    context[key] = (ep.traj.task, ep.actions, list(ref.actions))
+                    swaps = {d.ref_position: binding(student, t, reference, d.ref_position)
+                             for d in hits.values() if d.ref_position is not None}
+                    context[key] = (ep.traj.task, ep.actions, list(ref.actions), swaps)
 
     # figures from the routing decisions
     counts = {m: sum(m in hits for hits in matched.values()) for m in matchers}
@@ -209,13 +213,14 @@ def run_replay_audit(
     succeeded = {m: 0 for m in matchers}
     failed: dict[tuple[tuple[int, str, int], int], list[str]] = {}
     for key in keys:
-        task, student_actions, ref_actions = context[key]
+        task, student_actions, ref_actions, swaps = context[key]
         t = key[2]
         for m, d in matched[key].items():
             k = d.ref_position
             assert k is not None
-            if (key, k) not in cache:
-                cache[(key, k)] = replay_candidate(env, task, student_actions[:t], ref_actions[k:])
+            if (key, k) not in cache:  # the suffix bound to the student's instance, as its candidate is
+                suffix = [bind_action(a, swaps[k]) for a in ref_actions[k:]]
+                cache[(key, k)] = replay_candidate(env, task, student_actions[:t], suffix)
             replayed[m] += 1
             succeeded[m] += cache[(key, k)]
             if not cache[(key, k)]:
@@ -230,7 +235,7 @@ def run_replay_audit(
         failed_replays.append(FailedReplay(
             step=key[0], traj_id=key[1], task_id=context[key][0].task_id, t=key[2], ref_position=k, matchers=ms,
             student_actions=context[key][1][max(0, key[2] - FAILED_CONTEXT):key[2]],
-            reference_suffix=context[key][2][k:k + FAILED_CONTEXT]))
+            reference_suffix=[bind_action(a, context[key][3][k]) for a in context[key][2][k:k + FAILED_CONTEXT]]))
 
     n = max(total_turns, 1)
     audits = {

@@ -111,3 +111,51 @@ def test_failed_replays_are_listed_with_their_context(tmp_path, monkeypatch):
         assert len(f.reference_suffix) <= audit_mod.FAILED_CONTEXT and f.task_id == trajs[f.traj_id]["task"]["task_id"]
     saved = json.loads((tmp_path / "bad" / "replay_audit.json").read_text())
     assert len(saved["failed_replays"]) == len(listed)
+
+
+def _play(env, task, actions: list[str], *, group_id: str, traj_id: str) -> Trajectory:
+    obs, info = env.reset(options={"task": task})
+    turns, won = [], False
+    for action in actions:
+        admissible = tuple(info["admissible_commands"])
+        nxt, _, won, truncated, info = env.step(action)
+        turns.append(Turn(prompt_ids=(1,), response_ids=(2,), sampler_logprobs=(0.0,), response_text="",
+                          action=action, env_action=action, action_valid=True, observation=obs,
+                          next_observation=nxt, admissible_actions=admissible))
+        obs = nxt
+        if won or truncated:
+            break
+    return Trajectory(task=task, group_id=group_id, traj_id=traj_id, turns=tuple(turns), success=won,
+                      score=10.0 * won, policy_version=0, end_reason="won" if won else "step_limit")
+
+
+def test_a_student_holding_another_instance_replays_the_bound_suffix(tmp_path):
+    """The grid's only failed replays: two dishsponges lie on sinkbasin 1, the reference took
+    dishsponge 1 and the student dishsponge 2. The signatures match (the inventory is the class),
+    so the candidate and the replayed suffix must name the student's dishsponge 2."""
+    from rollout_workers.episode import Episode
+    from routing.matching import route
+
+    cfg = TrainConfig()
+    (tmp_path / "config.resolved.json").write_text(cfg.model_dump_json())
+    env = make_env(cfg.env)
+    [task] = [t for t in eval_tasks(cfg.env, "train", 20) if t.task_id == "train/pick_clean_then_place_in_recep-00008"]
+    env.reset(options={"task": task})
+    expert = []
+    while not expert or not env.step(expert[-1])[2]:
+        expert.append(env.expert_action())
+    assert expert[:2] == ["go to sinkbasin 1", "take dishsponge 1 from sinkbasin 1"], expert
+    reference = _play(env, task, expert, group_id="g", traj_id="ref")
+    student = _play(env, task, ["go to sinkbasin 1", "take dishsponge 2 from sinkbasin 1", "look", "look"],
+                    group_id="g", traj_id="student")
+    assert reference.success and not student.success
+    (tmp_path / "trajectories").mkdir()
+    (tmp_path / "trajectories" / "step_000001.jsonl").write_text(
+        "".join(t.model_dump_json() + "\n" for t in (reference, student)))
+
+    decisions = route("structured", Episode(student).trace(), Episode(reference).trace())
+    assert decisions[2].ref_position == 2 and decisions[2].candidate_action == expert[2].replace("dishsponge 1", "dishsponge 2")
+    assert "dishsponge 2" in decisions[2].candidate_action
+    result = run_replay_audit(tmp_path, env_cfg=cfg.env, matchers=("structured",))
+    s = result.matchers["structured"]
+    assert s.replayed >= 3 and s.replay_success == s.replayed, result.failed_replays

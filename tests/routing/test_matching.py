@@ -110,3 +110,28 @@ def test_observation_matcher_normalises_and_is_monotone() -> None:
 def test_structured_requires_signatures() -> None:
     with pytest.raises(ValueError):
         route("structured", RouteTrace(actions=["a"]), trace("a"))
+
+
+def test_candidate_is_bound_to_the_instance_the_student_holds():
+    from routing.matching import bind_action, binding
+
+    def held(*names):
+        return RouteTrace(actions=["a"] * len(names), held=list(names))
+
+    assert binding(held("soapbar 1"), 0, held("soapbar 2"), 0) == {"soapbar 2": "soapbar 1", "soapbar 1": "soapbar 2"}
+    assert binding(held("soapbar 1"), 0, held("soapbar 1"), 0) == {}  # the same instance
+    assert binding(held("soapbar 1"), 0, held("candle 2"), 0) == {}  # another class: nothing to bind
+    assert binding(held(None), 0, held("soapbar 2"), 0) == {} == binding(RouteTrace(actions=["a"]), 0, held("x 1"), 0)
+    swap = {"soapbar 2": "soapbar 1", "soapbar 1": "soapbar 2"}
+    assert bind_action("move soapbar 2 to countertop 1", swap) == "move soapbar 1 to countertop 1"
+    assert bind_action("take soapbar 1 from soapbar 10", swap) == "take soapbar 2 from soapbar 10"  # whole names, once
+    assert bind_action("go to countertop 2", swap) == "go to countertop 2" == bind_action("go to countertop 2", {})
+
+    ref = RouteTrace(actions=["take soapbar 2 from sink 1", "move soapbar 2 to shelf 1"],
+                     signatures=[sig("s"), sig("h")], held=[None, "soapbar 2"])
+    student = RouteTrace(actions=["take soapbar 1 from sink 1", "look"], signatures=[sig("s"), sig("h")],
+                         held=[None, "soapbar 1"])
+    for name in ("structured", "history"):
+        d = route(name, student, ref)
+        assert d[1].candidate_action == "move soapbar 1 to shelf 1" if name == "structured" else not d[1].matched
+        assert d[0].candidate_action == "take soapbar 2 from sink 1"  # empty-handed: the reference's own action

@@ -34,12 +34,15 @@ def test_alfworld_profile_is_the_tracker_and_its_exact_fields():
     goal = "put a clean mug in cabinet."
     ep = TrackedEpisode(task_id="t1", task_type="", instruction=goal,
                         observations=[f"You are in the middle of a room.\n\nYour task is to: {goal}",
-                                      "You arrive at countertop 1. On the countertop 1, you see a mug 1."],
-                        actions=["go to countertop 1"])
+                                      "You arrive at countertop 1. On the countertop 1, you see a mug 1, and a mug 2.",
+                                      "You pick up the mug 2 from the countertop 1."],
+                        actions=["go to countertop 1", "take mug 2 from countertop 1"])
     profile = tracker_profile("alfworld")
     sigs = profile.signatures(ep)
     assert sigs == alfworld_tracker.signatures_for_episode("t1", "", goal, ep.observations, ep.actions)
     assert profile.state_summary(ep, 1, sigs) == dict(sigs[1].fields)
+    # the signature keeps the held class, `held` the instance (for binding a reference's actions)
+    assert dict(sigs[2].fields)["inventory"] == "mug" and profile.held(ep) == [None, None, "mug 2"]
 
 
 def test_webshop_profile_reads_admissible_actions_and_summarises_progress():
@@ -47,7 +50,7 @@ def test_webshop_profile_reads_admissible_actions_and_summarises_progress():
     sigs = profile.signatures(WEBSHOP)
     assert sigs == webshop_tracker.signatures_for_episode("w1", "fashion", INSTR, WEBSHOP.observations,
                                                           WEBSHOP.actions, admissible=WEBSHOP.admissible)
-    assert dict(sigs[3].fields)["options"] == "color=navy blue"
+    assert dict(sigs[3].fields)["options"] == "color=navy blue" and profile.held(WEBSHOP) == []
     assert profile.state_summary(WEBSHOP, 1, sigs) == {
         "stage": "searched", "page": "results", "product": "none", "options": "", "option_progress": "0/1",
         "price_ok": "unknown"}
