@@ -100,10 +100,16 @@ def _spec(tmp_path, n: int, timeout_s: float = 20.0) -> GroupSpec:
                      store_file=str(tmp_path / "store"))
 
 
-def test_two_receivers_get_every_tensor_exactly(tmp_path):
+def test_two_receivers_get_every_tensor_exactly(tmp_path, monkeypatch):
     import torch.distributed as dist
 
-    spec = _spec(tmp_path, 3, timeout_s=60.0)  # two spawned receivers import torch before joining
+    # The sender must not build a default process group. Checked by refusing one, not only by
+    # dist.is_initialized() afterwards: an earlier test in this process (vLLM run in-process) may
+    # have left its own default group behind.
+    default_before = dist.is_initialized()
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda *a, **k: pytest.fail("the weight group built a default process group"))
+    spec = _spec(tmp_path, 3)
     queue = CTX.Queue()
     procs = [CTX.Process(target=_receiver, args=(spec, r, queue, None)) for r in (1, 2)]
     for p in procs:
@@ -117,7 +123,7 @@ def test_two_receivers_get_every_tensor_exactly(tmp_path):
     want = {n: _fingerprint(t) for n, t in tensors}
     for status, got, default_group in results:
         assert status == "ok" and got == want and default_group is False
-    assert not dist.is_initialized()  # the sender's default group is untouched too
+    assert dist.is_initialized() == default_before  # the sender's default group is untouched too
 
 
 def test_receiver_killed_mid_sync_names_it_on_the_sender(tmp_path):
