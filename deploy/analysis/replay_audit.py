@@ -15,8 +15,9 @@ student turn of a trajectory with a reference is routed by each matcher; the aud
   rest of the reference's suffix reference.actions[k+1:], stopping when the episode ends;
   success = won. The suffix is bound to the student's held instance as the candidate is
   (`routing.matching.binding`: the signature keeps the held class, so a student holding soapbar 1
-  may match a reference holding soapbar 2, whose suffix then moves soapbar 1). With `max_turns`, a deterministic sample of at most that many matched turns is
-  replayed (every matcher that matched a sampled turn is replayed there).
+  may match a reference holding soapbar 2, whose suffix then moves soapbar 1). With `max_turns`,
+  a deterministic sample of at most that many matched turns is replayed (every matcher that
+  matched a sampled turn is replayed there).
 
 Outputs OUT_DIR (default RUN_DIR/analysis)/replay_audit.json and replay_audit.png.
 """
