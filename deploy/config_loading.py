@@ -4,19 +4,22 @@ driver-side check of `model.path`."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from deploy.config import TrainConfig
+from deploy.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem, phrased so the user knows which key to fix."""
 
 
@@ -40,7 +43,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Apply dotted `key=value` overrides (values parsed as YAML scalars/lists) to a nested dict."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.sub=value")
+            raise ConfigError(f"--set {item!r} has no '=': write it as section.key=value, e.g. --set run.total_steps=4")
         key, raw = item.split("=", 1)
         node = tree
         parts = key.strip().split(".")
@@ -53,15 +56,63 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return tree
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  unknown key '{key}' (typo? see `python -m deploy validate-config --help`)")
-        else:
-            lines.append(f"  {key}: {e['msg']}")
-    return "\n".join(lines)
+def _sections(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (`X`, `X | None`, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _sections(arg)]
+
+
+def config_keys(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[str]:
+    """Every dotted key a config may set (sections and their keys), e.g. `learner.lr`."""
+    keys = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        keys.append(key)
+        for section in _sections(field.annotation):
+            keys.extend(config_keys(section, f"{key}."))
+    return keys
+
+
+def _suggest(key: str) -> str:
+    """`did you mean ...?` with the nearest valid keys (among the section's keys when the section
+    exists), or where the valid keys are listed."""
+    keys = config_keys()
+    section = key.rpartition(".")[0]
+    pool = ([k for k in keys if k.rpartition(".")[0] == section] if section in keys
+            else [k for k in keys if k.count(".") == key.count(".")])
+    near = difflib.get_close_matches(key, pool, n=3, cutoff=0.6)
+    if near:
+        return "did you mean " + " or ".join(near) + "?"
+    return "`python -m deploy validate-config --config deploy/configs/smoke_cpu.yaml` prints every valid key"
+
+
+def _set_key(key: str, overrides: list[str]) -> str | None:
+    """The --set key that gave `key` (itself, a key below it, or a section above it), if any."""
+    for item in overrides:
+        k = item.split("=", 1)[0].strip()
+        if k == key or k.startswith(key + ".") or key.startswith(k + "."):
+            return k
+    return None
+
+
+def _problem(e: dict[str, Any], source: str, overrides: list[str]) -> str:
+    key = ".".join(str(p) for p in e["loc"])
+    set_key = _set_key(key, overrides) if key else None
+    where = f"--set {set_key}" if set_key else source
+    if e["type"] == "extra_forbidden":
+        unknown = set_key if set_key and set_key.startswith(key) else key
+        return f"unknown config key {unknown} (from {where}); {_suggest(unknown)}"
+    reason = " ".join(e["msg"].removeprefix("Value error, ").split())
+    if not key or not isinstance(e.get("input"), (str, int, float, bool, type(None))):
+        return f"{where}: {reason}"  # a check across keys: its message names them and the fix
+    return f"{key}={e['input']!r} is invalid (from {where}): {reason}; fix the value"
+
+
+def _format_errors(err: ValidationError, source: str, overrides: list[str]) -> str:
+    """The validation errors on one line: an unknown key names where it came from (the file or
+    --set) and the nearest valid keys; a bad value names the key and pydantic's reason."""
+    return "; ".join(_problem(e, source, overrides) for e in err.errors())
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +130,8 @@ def read_tree(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     except (OSError, RuntimeError, ValueError) as err:
         raise ConfigError(f"config file {str(path)!r} is not a usable path ({err})") from None
     if not p.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} does not exist: check the path (the laptop configs are "
+                          "deploy/configs/*.yaml)")
     if p in _seen:
         raise ConfigError(f"config {p} includes itself through 'base'")
     try:
@@ -166,7 +218,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     try:
         cfg = TrainConfig.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(_format_errors(err, source, overrides or [])) from None
     _check_cross_section(cfg)
     data_path = cfg.env.data_path
     if data_path is not None:

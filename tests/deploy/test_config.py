@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config_loading import ConfigError, apply_overrides, load_config, save_resolved
+from deploy.config_loading import ConfigError, apply_overrides, config_keys, load_config, save_resolved
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "deploy" / "configs").glob("*.yaml"))
@@ -28,10 +28,24 @@ def test_dotted_overrides_parse_yaml_scalars():
 def test_typo_names_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("learner:\n  lrr: 0.1\n")
-    with pytest.raises(ConfigError, match=r"unknown key 'learner\.lrr'"):
+    with pytest.raises(ConfigError, match=rf"unknown config key learner\.lrr \(from {bad}\); did you mean learner\.lr\b"):
         load_config(bad)
-    with pytest.raises(ConfigError, match=r"unknown key 'rollout\.group_sise'"):
+    with pytest.raises(ConfigError, match=r"unknown config key rollout\.group_sise \(from --set rollout\.group_sise\); "
+                                          r"did you mean rollout\.group_size\b"):
         load_config(None, ["rollout.group_sise=4"])
+    with pytest.raises(ConfigError, match=r"unknown config key learnr\.lr \(from --set learnr\.lr\); did you mean learner\.lr\b"):
+        load_config(None, ["learnr.lr=0.1"])
+
+
+def test_config_keys_cover_nested_sections():
+    keys = config_keys()
+    assert {"run.total_steps", "learner.lr", "learner.sd", "learner.sd.coef", "uniskill.bank.top_k"} <= set(keys)
+    assert len(keys) == len(set(keys))
+
+
+def test_set_without_equals_names_the_syntax():
+    with pytest.raises(ConfigError, match=r"--set 'run\.total_steps' has no '='.*section\.key=value"):
+        load_config(None, ["run.total_steps"])
 
 
 def test_wrong_type_names_the_key():
