@@ -1,4 +1,4 @@
-"""A GPU check for the first GPU (one H200, under 8 minutes; issue 11 part 5). Needs torch alone.
+"""A GPU check for the first GPU (one H200, under 8 minutes). Needs torch alone.
 
     python bench/gpu_check.py                      # on the GPU: table + bench/results/gpu_check.json
     python bench/gpu_check.py --tiny --out X.json  # the same code on CPU with tiny shapes (CI)

@@ -5,7 +5,7 @@ A random-init Qwen2-shaped model (default hidden 256, 2 layers, tied embeddings,
 backend, fp32, no reference model (kl_coef 0), old log-probs recomputed (the no-grad pass runs).
 Two variants, each in a fresh subprocess, on identical rows and weights:
 
-- baseline: the learner as it was before issue 11: every row of the step in one micro-batch
+- baseline: the learner as it was before its memory settings: every row of the step in one micro-batch
   (micro_batch_rows = ROWS), no gradient checkpointing, and the full-vocabulary fp32 logits of
   every response position materialised (`response_logits` + `logprobs_from_logits` /
   `entropy_of_logits`, patched in for the chunked scorer);

@@ -1,1 +1,1 @@
-"""Laptop testbed: the context-literate SFT cold start and the in-context ability measurements (issue 14)."""
+"""Laptop testbed: the context-literate SFT cold start and the in-context ability measurements."""

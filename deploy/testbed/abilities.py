@@ -1,5 +1,5 @@
 """`deploy testbed abilities`: the in-context abilities of a cold-started model, measured on held-out
-tasks before any RL (issue 14 part 2). This module owns the teacher figure; the skill and
+tasks before any RL. This module owns the teacher figure; the skill and
 proposer figures are `deploy.testbed.skill_abilities`'s.
 
 Teacher context gain (the fixed-state teacher intervention of `deploy.analysis.teacher_intervention`,

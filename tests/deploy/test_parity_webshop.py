@@ -173,7 +173,7 @@ def test_generate_webshop_cli(tmp_path):
     assert len(read_raw(tmp_path).products) == 12
 
 
-# --- env options per episode and pinned goals (issue 13 item 9) -------------------------------
+# --- env options per episode and pinned goals -------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Issue 14 skill and proposer turns (deploy/testbed/skill_data.py, ground_truth.py) and their ability
+"""The testbed's skill and proposer turns (deploy/testbed/skill_data.py, ground_truth.py) and their ability
 measurements (deploy/testbed/skill_abilities.py) on the embedded household (both presets) and the
 embedded WebShop, with a tiny untrained model (HF engine, real envs, no Ray)."""
 
