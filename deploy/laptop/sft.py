@@ -9,6 +9,7 @@ not part of the distributed RL loop.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -19,6 +20,7 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from deploy.config import TrainConfig
+from deploy.config_sections import SFTConfig
 from deploy.laptop.tiny_model import build_tiny_model
 from envs.config import EnvConfig
 from envs.registry import make_env
@@ -30,7 +32,7 @@ from rollout_workers.parsing import action_choice
 from rollout_workers.prompts import render_prompt_ids
 
 EXTRA_KINDS = ("teacher", "skill", "proposer")
-"""Context-literate SFT turn families (issue 14), each with an `sft.<kind>_fraction` of all examples."""
+"""Context-literate SFT turn families (`deploy.testbed`), each with an `sft.<kind>_fraction` of all examples."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def build_model_from_env(cfg: TrainConfig, out: str | Path, *, num_episodes: int
 
 
 def extra_turns(cfg: TrainConfig, tokenizer, episodes, tasks, num_plain: int, rng: random.Random) -> list:
-    """The context-literate turns (`deploy.testbed`, issue 14) to mix with `num_plain` plain rows:
+    """The context-literate turns (`deploy.testbed`) to mix with `num_plain` plain rows:
     kind k gets round(f_k * N) examples, N = num_plain / (1 - sum f) the total, so each
     `sft.<k>_fraction` is its share of all SFT examples. None when every fraction is 0."""
     fractions = {k: getattr(cfg.sft, f"{k}_fraction", 0.0) for k in EXTRA_KINDS}
@@ -161,9 +163,51 @@ def _response_loss(model, ids, mask, labels):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
+class SFTTimeCapReached(RuntimeError):
+    """`sft.minutes` (a safety cap, off by default) ran out before the last planned step."""
+
+
+def planned_steps(sft: SFTConfig, num_rows: int) -> int:
+    """Optimiser steps of an SFT run: `epochs` passes in `batch_rows`-row batches, at most `max_steps`."""
+    steps = sft.epochs * math.ceil(num_rows / sft.batch_rows)
+    return steps if sft.max_steps is None else min(steps, sft.max_steps)
+
+
+def _sft_rows(cfg: TrainConfig, tokenizer, num_tasks: int, max_len: int) -> tuple[list, dict[str, int], int]:
+    """(rows, rows per kind, extra turns dropped as longer than the model's context)."""
+    s = cfg.sft
+    won = won_expert_episodes(cfg.env, sample_tasks(cfg.env, "train", num_tasks, seed=s.seed))
+    episodes = [episode for _, episode in won]
+    rows = demo_rows(tokenizer, cfg.rollout, episodes, cfg.env.name)
+    kinds = {"plain": len(rows)}
+    extra = extra_turns(cfg, tokenizer, episodes, [task for task, _ in won], len(rows), random.Random(s.seed + 1))
+    too_long = sum(len(t.prompt_ids) + len(t.target_ids) > max_len for t in extra)
+    for turn in extra:
+        if len(turn.prompt_ids) + len(turn.target_ids) <= max_len:  # longer rows cannot be scored at all
+            rows.append((list(turn.prompt_ids), list(turn.target_ids)))
+            kinds[turn.kind] = kinds.get(turn.kind, 0) + 1
+    return rows, kinds, too_long
+
+
+def _check_time_cap(minutes: float | None, start: float, done: int, total: int) -> None:
+    if minutes is not None and done < total and time.perf_counter() - start > minutes * 60:
+        raise SFTTimeCapReached(
+            f"sft reached its {minutes:g}-minute safety cap (sft.minutes) after {done} of {total} steps and saved "
+            "nothing, since weights cut short by the clock depend on the machine's speed and load: raise "
+            "sft.minutes or unset it (off by default) so that every step runs")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def run_sft(cfg: TrainConfig, model_path: str, out: str | Path, *, num_tasks: int | None = None,
             minutes: float | None = None) -> Path:
-    """Fine-tune `model_path` on expert demos for at most `epochs` or `minutes`; save to `out`."""
+    """Fine-tune `model_path` on expert demos for `planned_steps` optimiser steps; save to `out`.
+    `minutes` (default `sft.minutes`, off) is a safety cap: reaching it raises SFTTimeCapReached
+    and saves nothing. `out/sft_summary.json` is written last: its presence marks a finished run."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -172,56 +216,40 @@ def run_sft(cfg: TrainConfig, model_path: str, out: str | Path, *, num_tasks: in
     torch.manual_seed(s.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    won = won_expert_episodes(cfg.env, sample_tasks(cfg.env, "train", num_tasks, seed=s.seed))
-    episodes = [episode for _, episode in won]
-    rows = demo_rows(tokenizer, cfg.rollout, episodes, cfg.env.name)
-    kinds = {"plain": len(rows)}
-    extra = extra_turns(cfg, tokenizer, episodes, [task for task, _ in won], len(rows), random.Random(s.seed + 1))
-    limit = model.config.max_position_embeddings
-    too_long = sum(len(t.prompt_ids) + len(t.target_ids) > limit for t in extra)
-    for turn in extra:
-        if len(turn.prompt_ids) + len(turn.target_ids) <= limit:  # longer rows cannot be scored at all
-            rows.append((list(turn.prompt_ids), list(turn.target_ids)))
-            kinds[turn.kind] = kinds.get(turn.kind, 0) + 1
+    rows, kinds, too_long = _sft_rows(cfg, tokenizer, num_tasks, model.config.max_position_embeddings)
     rng = random.Random(s.seed)
-    total = s.epochs * math.ceil(len(rows) / s.batch_rows)
+    total = planned_steps(s, len(rows))
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * max(0.1, 0.5 * (1 + math.cos(math.pi * min(i / total, 1.0)))))
     model.train()
+    batches = itertools.islice(((epoch, idx) for epoch in range(s.epochs) for idx in _batches(rows, s.batch_rows, rng)),
+                               total)
     start, done_steps, tokens, log = time.perf_counter(), 0, 0, []
     with Progress(TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
         job = bar.add_task("", total=total)
-        for epoch in range(s.epochs):
-            for idx in _batches(rows, s.batch_rows, rng):
-                ids, mask, labels = _collate(rows, idx, tokenizer.pad_token_id)
-                loss = _response_loss(model, ids, mask, labels)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                done_steps, tokens, value = done_steps + 1, tokens + int(mask.sum()), loss.item()
-                log.append({"step": done_steps, "epoch": epoch, "loss": value})
-                bar.update(job, advance=1, description=f"loss {value:.4f}  {tokens / (time.perf_counter() - start):.0f} tok/s")
-                if time.perf_counter() - start > minutes * 60:
-                    break
-            else:
-                continue
-            break
-    stopped_by = "epochs" if done_steps == total else "time budget"
-    if stopped_by != "epochs":  # the weights then depend on the machine's speed and load
-        bar.console.print(f"[yellow]sft stopped by its {minutes:g}-minute budget after {done_steps} of {total} steps: "
-                          "these weights depend on this machine's speed and load (raise sft.minutes to finish "
-                          "every epoch and make them reproducible)")
+        for epoch, idx in batches:
+            ids, mask, labels = _collate(rows, idx, tokenizer.pad_token_id)
+            loss = _response_loss(model, ids, mask, labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            done_steps, tokens, value = done_steps + 1, tokens + int(mask.sum()), loss.item()
+            log.append({"step": done_steps, "epoch": epoch, "loss": value})
+            bar.update(job, advance=1, description=f"loss {value:.4f}  {tokens / (time.perf_counter() - start):.0f} tok/s")
+            _check_time_cap(minutes, start, done_steps, total)
     out = Path(out)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     elapsed = time.perf_counter() - start
-    summary = {"rows": len(rows), "rows_by_kind": kinds, "dropped_longer_than_model": too_long, "episodes": num_tasks, "optimizer_steps": done_steps,
-               "planned_steps": total, "stopped_by": stopped_by, "tokens": tokens,
-               "seconds": elapsed, "tokens_per_s": tokens / max(elapsed, 1e-9), "final_loss": log[-1]["loss"] if log else None,
+    summary = {"rows": len(rows), "rows_by_kind": kinds, "dropped_longer_than_model": too_long, "episodes": num_tasks,
+               "optimizer_steps": done_steps, "planned_steps": total,
+               "stopped_by": "max_steps" if total == s.max_steps else "epochs",
+               "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / max(elapsed, 1e-9),
+               "final_loss": log[-1]["loss"] if log else None,
                "note": "cold start: the tiny model has no language prior; SFT on expert demos is its only warm start"}
-    (out / "sft_summary.json").write_text(json.dumps(summary, indent=2))
     (out / "sft_log.jsonl").write_text("\n".join(json.dumps(r) for r in log) + "\n")
+    _write_atomic(out / "sft_summary.json", json.dumps(summary, indent=2))
     return out
