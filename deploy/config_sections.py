@@ -198,9 +198,14 @@ class SFTConfig(Section):
     num_tasks: int = 300
     """Train-split expert episodes used as demonstrations."""
     epochs: int = 4
-    """Passes over the demonstrations (capped by `minutes`)."""
-    minutes: float = 6.0
-    """Wall-clock budget for SFT."""
+    """Passes over the demonstrations (fewer when `max_steps` ends the run first)."""
+    max_steps: int | None = Field(None, ge=1)
+    """Optimiser steps at most; None = every step of `epochs` passes. The work is counted in steps,
+    never in time, so the weights do not depend on the machine's speed or load."""
+    minutes: float | None = Field(None, gt=0)
+    """Optional wall-clock safety cap, off (None) by default. It never shortens SFT silently: when
+    it is reached before the last step, SFT fails and saves nothing (weights cut short by a clock
+    would depend on the machine's speed and load)."""
     lr: float = 1e-3
     """AdamW peak learning rate (warm-up 20 steps, cosine to 10%)."""
     batch_rows: int = 32
