@@ -5,7 +5,7 @@ import os
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from deploy.cli import app
+from deploy.cli import main
 
 if __name__ == "__main__":
-    app()
+    main()

@@ -1,21 +1,69 @@
 """`python -m deploy ...`: the typer CLI. Heavy imports (torch, ray, vllm, deepspeed) happen inside
-the commands so `--help` stays instant."""
+the commands so `--help` stays instant.
+
+User errors (`deploy.errors.UserError`, which ConfigError and GridError are, and click's usage
+errors) are printed by `DeployGroup` as one line on stderr with exit code 2; `--verbose` (on any
+command, or before it: `python -m deploy --verbose ...`) or AGENTRL_VERBOSE=1 adds the traceback."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
+import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from deploy.cli_env import env_app
 from deploy.cli_experiment import experiment_app
 from deploy.cli_skills import skills_app
+from deploy.cli_testbed import DEFAULT_CONFIG as LAPTOP_CONFIG
 from deploy.cli_testbed import testbed_app
+from deploy.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+VERBOSE_ENV = "AGENTRL_VERBOSE"
+
+
+def _fail(message: str, verbose: bool) -> NoReturn:
+    """One line on stderr, exit 2; the traceback of the exception being handled first if verbose."""
+    if verbose:
+        traceback.print_exc()
+    typer.secho("error: " + " ".join(message.split()), fg="red", err=True)
+    raise typer.Exit(2)
+
+
+class DeployGroup(TyperGroup):
+    """The root command: turns a user error raised anywhere below it into `_fail`'s one line."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["deploy.verbose"] = "--verbose" in args or os.environ.get(VERBOSE_ENV) == "1"
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        verbose = ctx.meta.get("deploy.verbose", False)
+        try:
+            return super().invoke(ctx)
+        except UserError as err:
+            _fail(str(err), verbose)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as err:
+            where = f" (`{err.ctx.command_path} --help` lists the options)" if err.ctx is not None else ""
+            _fail(err.format_message() + where, verbose)
+
+
+app = typer.Typer(cls=DeployGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Ray-distributed RL for LLM agents on multi-turn text environments.")
+
+
+@app.callback()
+def _root(verbose: Annotated[bool, typer.Option(
+        "--verbose", help=f"print the traceback of a user error too (or set {VERBOSE_ENV}=1)")] = False) -> None:
+    """Ray-distributed RL for LLM agents on multi-turn text environments."""
 
 app.add_typer(env_app, name="env")
 app.add_typer(skills_app, name="skills")
@@ -28,23 +76,21 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", help="print the engines' 
 
 
 def _load(config: Path | None, overrides: list[str] | None):
-    from deploy.config_loading import ConfigError, load_config
+    from deploy.config_loading import load_config
 
-    try:
-        return load_config(config, overrides or [])
-    except ConfigError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+    return load_config(config, overrides or [])
 
 
 def _check_model(path: str) -> None:
-    from deploy.config_loading import ConfigError, resolve_model_path
+    from deploy.config_loading import resolve_model_path
 
-    try:
-        resolve_model_path(path)
-    except ConfigError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+    resolve_model_path(path)
+
+
+def _options(**values: object) -> list[str]:
+    """`--set` overrides for the command-line options the user gave (None = not given), so an
+    option's absence never overrides the config's value."""
+    return [f"{key}={value}" for key, value in values.items() if value is not None]
 
 
 def _route_logs(run_dir: Path | str, verbose: bool) -> None:
@@ -77,7 +123,10 @@ def train(config: ConfigOpt, set_: SetOpt = None,
     _route_logs(cfg.run.output_dir, verbose)
     # `ray job stop` and a plain `kill` send SIGTERM: unwind, so the actors and the bank's server stop.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    run_dir = run_training(cfg, resume=resume)
+    try:
+        run_dir = run_training(cfg, resume=resume)
+    except KeyboardInterrupt:
+        _interrupted(Path(cfg.run.output_dir))
     if cfg.faults.enabled:
         import ray
 
@@ -88,34 +137,43 @@ def train(config: ConfigOpt, set_: SetOpt = None,
         typer.echo(record.line() if record is not None else f"faults: {cfg.faults.kill} was never injected")
 
 
+def _interrupted(run_dir: Path) -> NoReturn:
+    """Ctrl-C during `train`: one line saying what was saved and how to continue; exit 130."""
+    from deploy.trainer import latest_checkpoint
+
+    args = sys.argv[1:] if "train" in sys.argv[1:] else ["train", "..."]
+    again = "python -m deploy " + shlex.join([*args, *([] if "--resume" in args else ["--resume"])])
+    ckpt = latest_checkpoint(run_dir)
+    saved = (f"the last checkpoint is step {int(ckpt.name.removeprefix('step_'))} in {ckpt}" if ckpt is not None
+             else f"no checkpoint yet in {run_dir}/checkpoints (run.checkpoint_every sets how often one is saved)")
+    action = "continues from it" if ckpt is not None else "starts the run over"
+    typer.secho(f"interrupted: {saved}; `{again}` {action}", fg="yellow", err=True)
+    raise typer.Exit(130)
+
+
 @app.command("eval")
 def eval_(config: ConfigOpt, checkpoint: Annotated[Path, typer.Option(help="checkpoint dir (with hf/) or an HF model dir")],
-          k: Annotated[int, typer.Option(help="samples per task")] = 4, set_: SetOpt = None,
+          k: Annotated[int | None, typer.Option(help="samples per task (default: the config's eval.k)")] = None,
+          set_: SetOpt = None,
           retrieval: Annotated[str | None, typer.Option(
               help="UniSkill run (--config RUN/config.resolved.json): 'on' fills the actor's skill slot from the "
                    "run's skill bank, 'off' leaves it empty; writes eval/eval-retrieval_<on|off>.json")] = None,
           verbose: VerboseOpt = False) -> None:
     """Evaluate a checkpoint on the fixed evaluation set (Avg@k, Pass@k, per task type)."""
-    from deploy.runner import run_eval_command
-
-    cfg = _load(config, [*(set_ or []), f"eval.k={k}"])
+    if retrieval not in (None, "on", "off"):
+        raise UserError(f"--retrieval {retrieval!r}: use on or off")
+    cfg = _load(config, [*(set_ or []), *_options(**{"eval.k": k})])
     model = checkpoint / "hf" if (checkpoint / "hf").is_dir() else checkpoint
     _check_model(str(model))
-    if retrieval not in (None, "on", "off"):
-        typer.secho(f"--retrieval {retrieval!r}: use on or off", fg="red", err=True)
-        raise typer.Exit(2)
     _route_logs(cfg.run.output_dir, verbose)
     if retrieval is None:
+        from deploy.runner import run_eval_command
+
         run_eval_command(cfg, str(model))
         return
-    from deploy.config_loading import ConfigError
     from deploy.eval_skills import run_eval_with_retrieval
 
-    try:
-        run_eval_with_retrieval(cfg, str(model), retrieval=retrieval, label=f"eval-retrieval_{retrieval}")
-    except ConfigError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+    run_eval_with_retrieval(cfg, str(model), retrieval=retrieval, label=f"eval-retrieval_{retrieval}")
 
 
 @app.command("build-tiny-model")
@@ -137,22 +195,27 @@ def build_tiny_model_cmd(
 def sft(
     model: Annotated[Path, typer.Option(help="HF directory to warm-start")] = Path("runs/tiny/base"),
     out: Annotated[Path, typer.Option(help="output HF directory")] = Path("runs/tiny/sft"),
-    config: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+    config: Annotated[Path, typer.Option("--config", "-c", show_default="deploy/configs/demo_cpu.yaml", help=(
+        "config whose env, rollout (prompt format) and sft sections shape the demonstrations; the default is "
+        "the laptop demo's, whose prompt format smoke_cpu*.yaml and demo_cpu.yaml train with"))] = LAPTOP_CONFIG,
     set_: SetOpt = None,
-    num_tasks: Annotated[int, typer.Option(help="train-split expert episodes")] = 300,
-    minutes: Annotated[float, typer.Option(help="wall-clock budget")] = 6.0,
+    num_tasks: Annotated[int | None, typer.Option(help="train-split expert episodes (default: sft.num_tasks)")] = None,
+    minutes: Annotated[float | None, typer.Option(help="wall-clock budget (default: sft.minutes)")] = None,
 ) -> None:
     """Cold start: supervised fine-tuning on expert trajectories in the agent's exact prompt format."""
     from deploy.laptop.sft import run_sft
 
-    cfg = _load(config, set_)
+    cfg = _load(config, [*(set_ or []), *_options(**{"sft.num_tasks": num_tasks, "sft.minutes": minutes})])
+    if cfg.rollout.use_think:
+        raise UserError(f"sft: rollout.use_think is true in {config}, but the expert demonstrations carry no "
+                        "reasoning text: pass --set rollout.use_think=false (and train with it too)")
     _check_model(str(model))
-    run_sft(cfg, str(model), out, num_tasks=num_tasks, minutes=minutes)
+    run_sft(cfg, str(model), out)
 
 
 @app.command()
 def demo(out: Annotated[Path, typer.Option(help="demo output directory")] = Path("runs/demo"),
-         config: Annotated[Path, typer.Option("--config", "-c")] = Path("deploy/configs/demo_cpu.yaml"),
+         config: Annotated[Path, typer.Option("--config", "-c", show_default="deploy/configs/demo_cpu.yaml")] = LAPTOP_CONFIG,
          set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Embedded demo: tiny model -> SFT -> eval -> GRPO on local Ray -> eval (valid_unseen)."""
     from deploy.laptop.demo import run_demo
@@ -168,10 +231,11 @@ RunOpt = Annotated[Path, typer.Option("--run", help="a run directory (with traje
 
 
 def _require_trajectories(run: Path) -> None:
+    if not run.is_dir():
+        raise UserError(f"--run {run} is not a directory: pass a run directory (run.output_dir of a `train`)")
     if not list((run / "trajectories").glob("step_*.jsonl")):
-        typer.secho(f"{run}/trajectories holds no step_*.jsonl: train with run.save_trajectories=true "
-                    "(the default) to archive trajectories", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"{run}/trajectories holds no step_*.jsonl: train with run.save_trajectories=true "
+                        "(the default) to archive trajectories")
 
 
 @analyze.command("replay-audit")
@@ -196,12 +260,7 @@ def teacher_intervention(
     from deploy.analysis.teacher_intervention import run_teacher_intervention
 
     _require_trajectories(run)
-    if model is None:
-        ckpts = sorted((run / "checkpoints").glob("step_*/hf"))
-        if not ckpts:
-            typer.secho(f"{run} has no checkpoints/step_*/hf; pass --model", fg="red", err=True)
-            raise typer.Exit(2)
-        model = ckpts[-1]
+    model = model or _last_hf(run)
     result = run_teacher_intervention(run, model_path=str(model), max_states=max_states)
     for variant, groups in result.summary.items():
         if variant == "student_logprob":
@@ -216,8 +275,7 @@ def teacher_intervention(
 def _last_hf(run: Path) -> Path:
     ckpts = sorted((run / "checkpoints").glob("step_*/hf"))
     if not ckpts:
-        typer.secho(f"{run} has no checkpoints/step_*/hf; pass --model", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"{run} has no checkpoints/step_*/hf: pass --model <HF model directory>")
     return ckpts[-1]
 
 
@@ -229,8 +287,7 @@ def skills_growth(run: RunOpt) -> None:
     try:
         result = run_skills_growth(run)
     except (FileNotFoundError, ValueError) as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(err)) from err
     s = result.summary
     typer.echo(f"steps {s['steps']}: {s['final_skills']:.0f} skills (bank version {s['final_bank_version']:.0f}); "
                f"adds {s['total_added']:.0f} ({s['added_first_half']:.0f} in the first half, "
@@ -260,11 +317,9 @@ def ralign_vs_rollout(
         try:
             step_list = [int(x) for x in steps.split(",") if x.strip()]
         except ValueError:
-            typer.secho(f"--steps {steps!r}: give comma-separated step numbers, e.g. 25,75", fg="red", err=True)
-            raise typer.Exit(2) from None
+            raise UserError(f"--steps {steps!r}: give comma-separated step numbers, e.g. 25,75") from None
         if model is not None:
-            typer.secho("--steps plays each step with its own checkpoint: drop --model", fg="red", err=True)
-            raise typer.Exit(2)
+            raise UserError("--steps plays each step with its own checkpoint: drop --model")
     else:
         model = model or _last_hf(run)
         _check_model(str(model))
@@ -273,8 +328,7 @@ def ralign_vs_rollout(
         result = run_ralign_vs_rollout(run, model_path=None if step_list else str(model), sample=sample, k=k,
                                        seed=seed, steps=step_list)
     except ValueError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(err)) from err
     st = result.stats
 
     def f(x: float | None, fmt: str = "+.3f") -> str:
@@ -309,7 +363,7 @@ def compare_runs_cmd(
     try:
         compare_runs(runs, out=out, layout=layout, split=split)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+        raise UserError(str(err)) from err
     if export is not None:
         command = "python -m deploy analyze compare-runs " + " ".join(sys.argv[sys.argv.index("compare-runs") + 1:]
                                                                        if "compare-runs" in sys.argv else map(str, runs))
@@ -318,9 +372,10 @@ def compare_runs_cmd(
     typer.echo(out.with_suffix(".md").read_text())
 
 
-def main() -> None:  # pragma: no cover
-    app()
+def main() -> None:
+    """`python -m deploy` (deploy/__main__.py)."""
+    app(prog_name="python -m deploy")
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    main()

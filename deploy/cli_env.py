@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 import typer
 
+from deploy.errors import UserError
+
 env_app = typer.Typer(no_args_is_help=True, help="Environment data generators and parity tools.")
 
 EnvName = Literal["alfworld", "webshop"]
@@ -59,16 +61,21 @@ def replay(
 ) -> None:
     """Replay recorded episodes on a backend and compare every step (or record new ones)."""
     if (transcripts is None) == (record is None):
-        typer.secho("give exactly one of --transcripts FILE (replay) or --record FILE", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError("give exactly one of --transcripts FILE (replay) or --record FILE")
+    if env not in ("alfworld", "webshop"):
+        raise UserError(f"--env must be alfworld or webshop, got {env!r}")
+    options = _env_kwargs(env, env_kwargs)
+    how = _record_hint(env, data_path)
+    _require_file(transcripts, "--transcripts", f"record transcripts with `{how}`")
+    _require_file(env_meta, "--env-meta", "give the JSON of upstream's product prices and goal order "
+                                          "(deploy/parity/webshop.py describes it)")
+    if not data_path.exists():
+        raise UserError(f"--data-path {data_path} does not exist: point it at the game / catalogue root "
+                        "(`python -m deploy env generate-alfworld` or `generate-webshop` writes one)")
     if env == "alfworld":
         from deploy.parity import alfworld as tool
-    elif env == "webshop":
-        from deploy.parity import webshop as tool  # type: ignore[no-redef]
     else:
-        typer.secho(f"--env must be alfworld or webshop, got {env!r}", fg="red", err=True)
-        raise typer.Exit(2)
-    options = _env_kwargs(env, env_kwargs)
+        from deploy.parity import webshop as tool  # type: ignore[no-redef]
     try:
         if record is not None:
             extra = {"env_kwargs": options} if options else {}
@@ -78,28 +85,35 @@ def replay(
             return
         report = tool.replay(backend=backend, data_path=data_path, transcripts=transcripts, env_meta=env_meta)
     except (ValueError, TypeError) as err:  # a malformed transcript, env meta or option: named, no traceback
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+        fix = f" (transcripts come from `{how}`)" if transcripts is not None else ""
+        raise UserError(f"{err}{fix}") from err
     for line in report.lines():
         typer.echo(line)
     if report.identical_steps != report.total_steps:
         raise typer.Exit(1)
 
 
+def _record_hint(env: str, data_path: Path) -> str:
+    """The command that records transcripts for `env replay` to compare."""
+    return f"python -m deploy env replay --env {env} --data-path {data_path} --record FILE"
+
+
+def _require_file(path: Path | None, option: str, fix: str) -> None:
+    if path is not None and not path.is_file():
+        raise UserError(f"{option} {path} is not a file: {fix}")
+
+
 def _env_kwargs(env: str, text: str | None) -> dict:
     if text is None:
         return {}
     if env != "webshop":
-        typer.secho("--env-kwargs applies to --env webshop only", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError("--env-kwargs applies to --env webshop only")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        typer.secho(f"--env-kwargs is not JSON ({err.msg}): {text!r}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(f"--env-kwargs is not JSON ({err.msg}): {text!r}") from None
     if not isinstance(value, dict):
-        typer.secho(f"--env-kwargs must be a JSON object, got {text!r}", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"--env-kwargs must be a JSON object, got {text!r}")
     return value
 
 
@@ -108,7 +122,13 @@ def webshop_reward(cases: Annotated[Path, typer.Option(help="JSONL reward cases"
     """Check the embedded WebShop reward on recorded cases; ends with `matching rewards: X/Y`."""
     from deploy.parity.webshop import check_rewards
 
-    matched, total, lines = check_rewards(cases)
+    what = ("a JSONL file, one reward case a line: {goal, purchased_product, selected_options, price, "
+            "result} recorded from upstream WebShop's get_reward")
+    _require_file(cases, "--cases", f"pass {what}")
+    try:
+        matched, total, lines = check_rewards(cases)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"{err}: --cases must be {what}") from err
     for line in lines:
         typer.echo(line)
     typer.echo(f"matching rewards: {matched}/{total}")

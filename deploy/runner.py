@@ -12,7 +12,7 @@ from deploy.config import TrainConfig
 from deploy.config_loading import ConfigError, resolve_model_path, save_resolved
 from deploy.evaluation import EvalResult
 from deploy.metrics import MetricsSink
-from deploy.trainer import Trainer, TrainerState, latest_checkpoint, run_evaluations
+from deploy.trainer import Trainer, TrainerState, latest_checkpoint, rewind_metrics, run_evaluations
 
 if TYPE_CHECKING:
     from deploy.stages.uniskill import UniSkillStage
@@ -21,16 +21,25 @@ console = Console(stderr=True)
 
 
 def _prepare_run_dir(cfg: TrainConfig, resume: bool) -> Path | None:
+    """The checkpoint to resume from (None: start at step 1). `--resume` on a run stopped before its
+    first checkpoint starts it over, dropping the steps it logged; without `--resume` a directory
+    that already holds a run is refused rather than mixed with a new one."""
     run_dir = Path(cfg.run.output_dir)
+    metrics = run_dir / "metrics.jsonl"
     if resume:
         ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise ConfigError(f"--resume: no checkpoint under {run_dir}/checkpoints; train without --resume first")
-        return ckpt
-    if (run_dir / "metrics.jsonl").exists():
+        if ckpt is not None:
+            return ckpt
+        if not metrics.exists():
+            raise ConfigError(f"--resume: {run_dir} holds no run to continue (no checkpoints/, no metrics.jsonl): "
+                              "drop --resume to start it, or point run.output_dir at the run")
+        rewind_metrics(metrics, 0)
+        console.print(f"{run_dir} has no checkpoint yet: starting the run over at step 1")
+        return None
+    if metrics.exists():
         raise ConfigError(
-            f"{run_dir} already holds a run (metrics.jsonl); pass --resume to continue it or "
-            "--set run.output_dir=<new dir>")
+            f"{run_dir} already holds a run (metrics.jsonl): pass --resume to continue it, or "
+            "--set run.output_dir=<new dir> to start another")
     return None
 
 

@@ -1,5 +1,5 @@
 """The figures a grid's pre-registered hypotheses read from its runs' analyses (docs/testbed.md):
-pure reading of the JSON files `run_analyses` copied to results/<grid>/analysis/<arm>_seed<k>/.
+pure reading of the JSON files `run_analyses` copied to RESULTS/analysis/<arm>_seed<k>/.
 
 - S4 `replay_audit`: per run, the structured matcher's replayed matched turns and how many replayed
   to a win (`replay_audit.json`), and the total.
@@ -126,4 +126,4 @@ def figures_markdown(figures: dict[str, dict]) -> str:
         lines.append(f"- R_align vs rollout gain, Spearman rho: pooled {_f(p['spearman_rho'], '+.3f')} "
                      f"[{_f(p['lo'], '+.3f')}, {_f(p['hi'], '+.3f')}] (n={p['n']}); "
                      f"per run {per}.")
-    return ("\nAnalyses (`results/<grid>/analysis/`):\n\n" + "\n".join(lines) + "\n") if lines else ""
+    return ("\nAnalyses (`analysis/` beside this file):\n\n" + "\n".join(lines) + "\n") if lines else ""

@@ -22,6 +22,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from deploy.config_sections import EvalSplit, Section
+from deploy.errors import UserError
 
 SEED_KEYS = ("run.seed", "rollout.seed", "learner.seed")
 """What a grid seed sets (module docstring)."""
@@ -35,7 +36,20 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-class GridError(ValueError):
+RUNS_ROOT = Path("runs/experiments")
+"""Where a grid's run directories go by default: RUNS_ROOT/<grid>/."""
+PUBLISHED_ROOT = Path("results")
+"""The committed results (`experiment run/report --publish`): PUBLISHED_ROOT/<grid>/."""
+
+
+def default_dirs(name: str, *, publish: bool) -> tuple[Path, Path]:
+    """(run directories, results directory) of grid `name`: results stay beside the runs, in
+    runs/experiments/<grid>/results/, unless published to the committed results/<grid>/."""
+    runs_dir = RUNS_ROOT / name
+    return runs_dir, PUBLISHED_ROOT / name if publish else runs_dir / "results"
+
+
+class GridError(UserError, ValueError):
     """A grid-file problem, phrased so the user knows which key to fix."""
 
 
@@ -92,7 +106,8 @@ Overrides = dict[str, Any]
 
 class GridSpec(Section):
     name: str
-    """Grid name: results go to results/<name>/, runs to runs/experiments/<name>/ (lower case, digits, - and _)."""
+    """Grid name: runs go to runs/experiments/<name>/, results to its results/ (results/<name>/ with
+    --publish); lower case, digits, - and _."""
     base: str
     """Base training config (a deploy/configs/*.yaml), relative to the grid file."""
     overrides: Overrides = Field(default_factory=dict)
@@ -114,12 +129,12 @@ class GridSpec(Section):
     """Fewest seeds the grid may list (3 for a real comparison; a test grid may lower it)."""
     initial_eval: bool = True
     """Evaluate the initial model once, exactly as every run's final evaluation (`eval:`), into
-    results/<grid>/initial.json: the report then says what training added (each arm - initial,
+    RESULTS/initial.json: the report then says what training added (each arm - initial,
     paired over tasks), not only how arms differ."""
     analyses: dict[str, list[str]] = Field(default_factory=dict)
     """Arm -> `deploy analyze` commands (a subcommand of `ANALYSES` and its options, without --run)
     run on each of that arm's runs after training and before its results JSON is written; their
-    outputs go to results/<grid>/analysis/<arm>_seed<k>/. A run directory does not outlive a
+    outputs go to RESULTS/analysis/<arm>_seed<k>/. A run directory does not outlive a
     sitting on a fresh machine, so whatever needs a run's trajectories or checkpoints runs here."""
 
     @field_validator("name")
@@ -246,7 +261,7 @@ class PlannedRun:
     run_dir: Path
     """The run's output_dir (checkpoints, metrics.jsonl, eval/)."""
     result_path: Path
-    """results/<grid>/<arm>_seed<k>.json: written when the run has finished; its presence skips the run."""
+    """RESULTS/<arm>_seed<k>.json: written when the run has finished; its presence skips the run."""
 
     @property
     def key(self) -> str:

@@ -1,5 +1,5 @@
 """A grid's results: the per-run JSON (`RunResult`), the statistics over seeds and tasks, the Markdown
-table, the learning-curve PNG and results/<grid>/summary.json. The statistics are pure functions of
+table, the learning-curve PNG and RESULTS/summary.json. The statistics are pure functions of
 the run results; only `write_report` touches files.
 
 Per arm: mean +- s.e. over seeds of the final Avg@k and Pass@k (each seed one number; s.e. =
@@ -33,7 +33,7 @@ class CurvePoint(BaseModel):
 
 
 class RunResult(BaseModel):
-    """results/<grid>/<arm>_seed<k>.json: everything the report needs from one finished run."""
+    """RESULTS/<arm>_seed<k>.json: everything the report needs from one finished run."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,7 +61,7 @@ class RunResult(BaseModel):
 
 
 class InitialResult(BaseModel):
-    """results/<grid>/initial.json: the initial model under the grid's evaluation, before any training
+    """RESULTS/initial.json: the initial model under the grid's evaluation, before any training
     (grid `initial_eval`); every arm is compared with it over tasks: what training added."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -452,3 +452,24 @@ def test_cli_refuses_a_bad_grid_naming_the_key(tmp_path):
     assert res.exit_code == 2 and "--seeds '0,x'" in res.output
     res = CliRunner().invoke(app, ["experiment", "report", "--grid", str(good), "--results", str(tmp_path / "none")])
     assert res.exit_code == 0 and "no finished run of grid g1" in res.output
+
+
+def test_grid_outputs_stay_under_runs_unless_published(tmp_path, monkeypatch):
+    """A grid writes (and `report` reads) runs/experiments/<grid>/results/; only --publish uses the
+    committed results/<grid>/."""
+    from typer.testing import CliRunner
+
+    from deploy.cli import app
+    from deploy.experiment.grid import default_dirs
+
+    assert default_dirs("g1", publish=False) == (Path("runs/experiments/g1"), Path("runs/experiments/g1/results"))
+    assert default_dirs("g1", publish=True) == (Path("runs/experiments/g1"), Path("results/g1"))
+    good = _write(tmp_path, VALID)
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["experiment", "report", "--grid", str(good)])
+    assert res.exit_code == 0 and "under runs/experiments/g1/results/ yet" in res.output
+    res = CliRunner().invoke(app, ["experiment", "report", "--grid", str(good), "--publish"])
+    assert res.exit_code == 0 and "under results/g1/ yet" in res.output
+    res = CliRunner().invoke(app, ["experiment", "run", "--grid", str(good), "--publish", "--results", "x"])
+    assert res.exit_code == 2 and "not both" in res.output
+    assert not (tmp_path / "results").exists() and not (tmp_path / "x").exists()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from deploy.config_loading import ConfigError, load_config
-from deploy.runner import run_training
+from deploy.runner import _prepare_run_dir, run_training
 
 
 class _NoCluster:
@@ -39,8 +39,27 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    with pytest.raises(ConfigError, match="no checkpoint"):
+    with pytest.raises(ConfigError, match=r"--resume: .* holds no run to continue .*drop --resume"):
         run_training(_cfg(tmp_path, model), resume=True, cluster=_NoCluster())
+
+
+def test_resume_before_the_first_checkpoint_starts_over(tmp_path):
+    """A run stopped (Ctrl-C) before its first checkpoint: --resume starts it over, dropping the
+    steps it logged so they are not written twice."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "success_rate": 0.5}) + "\n")
+    assert _prepare_run_dir(_cfg(tmp_path, tmp_path), resume=True) is None
+    assert (run / "metrics.jsonl").read_text() == ""
+
+
+def test_resume_picks_the_latest_complete_checkpoint(tmp_path):
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (1, 2, 3):
+        (ckpts / f"step_{step:06d}").mkdir(parents=True)
+    for step in (1, 2):  # step 3 died before trainer_state.json, which a checkpoint writes last
+        (ckpts / f"step_{step:06d}" / "trainer_state.json").write_text("{}")
+    assert _prepare_run_dir(_cfg(tmp_path, tmp_path), resume=True) == ckpts / "step_000002"
 
 
 def test_missing_model_is_refused_before_the_run_dir_is_written(tmp_path):
