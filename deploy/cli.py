@@ -14,7 +14,6 @@ import traceback
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -24,6 +23,11 @@ from deploy.cli_skills import skills_app
 from deploy.cli_testbed import DEFAULT_CONFIG as LAPTOP_CONFIG
 from deploy.cli_testbed import testbed_app
 from deploy.errors import UserError
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 VERBOSE_ENV = "AGENTRL_VERBOSE"
 
@@ -39,19 +43,19 @@ def _fail(message: str, verbose: bool) -> NoReturn:
 class DeployGroup(TyperGroup):
     """The root command: turns a user error raised anywhere below it into `_fail`'s one line."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         ctx.meta["deploy.verbose"] = "--verbose" in args or os.environ.get(VERBOSE_ENV) == "1"
         return super().parse_args(ctx, args)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         verbose = ctx.meta.get("deploy.verbose", False)
         try:
             return super().invoke(ctx)
         except UserError as err:
             _fail(str(err), verbose)
-        except click.exceptions.NoArgsIsHelpError:
+        except NoArgsIsHelpError:
             raise
-        except click.UsageError as err:
+        except UsageError as err:
             where = f" (`{err.ctx.command_path} --help` lists the options)" if err.ctx is not None else ""
             _fail(err.format_message() + where, verbose)
 
@@ -116,10 +120,11 @@ def train(config: ConfigOpt, set_: SetOpt = None,
     """Train with the configured method on a local or remote Ray cluster."""
     import signal
 
-    from deploy.runner import run_training
+    from deploy.runner import check_run_dir, run_training
 
     cfg = _load(config, set_)
     _check_model(cfg.model.path)
+    check_run_dir(cfg, resume)
     _route_logs(cfg.run.output_dir, verbose)
     # `ray job stop` and a plain `kill` send SIGTERM: unwind, so the actors and the bank's server stop.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -200,17 +205,23 @@ def sft(
         "the laptop demo's, whose prompt format smoke_cpu*.yaml and demo_cpu.yaml train with"))] = LAPTOP_CONFIG,
     set_: SetOpt = None,
     num_tasks: Annotated[int | None, typer.Option(help="train-split expert episodes (default: sft.num_tasks)")] = None,
-    minutes: Annotated[float | None, typer.Option(help="wall-clock budget (default: sft.minutes)")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="optimiser steps at most (default: sft.max_steps)")] = None,
+    minutes: Annotated[float | None, typer.Option(
+        help="wall-clock safety cap: SFT fails, saving nothing, when it is reached (default: sft.minutes, off)")] = None,
 ) -> None:
     """Cold start: supervised fine-tuning on expert trajectories in the agent's exact prompt format."""
-    from deploy.laptop.sft import run_sft
+    from deploy.laptop.sft import SFTTimeCapReached, run_sft
 
-    cfg = _load(config, [*(set_ or []), *_options(**{"sft.num_tasks": num_tasks, "sft.minutes": minutes})])
+    cfg = _load(config, [*(set_ or []), *_options(**{"sft.num_tasks": num_tasks, "sft.max_steps": max_steps,
+                                                       "sft.minutes": minutes})])
     if cfg.rollout.use_think:
         raise UserError(f"sft: rollout.use_think is true in {config}, but the expert demonstrations carry no "
                         "reasoning text: pass --set rollout.use_think=false (and train with it too)")
     _check_model(str(model))
-    run_sft(cfg, str(model), out)
+    try:
+        run_sft(cfg, str(model), out)
+    except SFTTimeCapReached as err:
+        raise UserError(str(err)) from err
 
 
 @app.command()

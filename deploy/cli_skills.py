@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from deploy.errors import UserError
+
 skills_app = typer.Typer(no_args_is_help=True, help="Inspect a run's skill bank live (ls, show, history, stats).")
 
 AddressOpt = Annotated[str, typer.Option("--address", help="Ray cluster address (host:port of the GCS, or 'auto')")]
@@ -27,13 +29,12 @@ def _bank(address: str, namespace: str):
     try:
         ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError) as err:
-        typer.secho(f"cannot join the Ray cluster at --address {address}: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(f"cannot join the Ray cluster at --address {address}: {err}; pass the address in the "
+                        "run's RUN/ray_address while it trains") from None
     try:
         return ray, get_skillbank(namespace)
     except ValueError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(err)) from err
 
 
 def _short(text: str, n: int) -> str:
@@ -71,8 +72,7 @@ def show(skill_id: Annotated[str, typer.Argument(help="skill id, e.g. s000001")]
     ray, bank = _bank(address, namespace)
     skill = ray.get(bank.get.remote(skill_id))
     if skill is None:
-        typer.secho(f"no skill {skill_id!r} in namespace {namespace!r}; `skills ls` lists the ids", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"no skill {skill_id!r} in namespace {namespace!r}; `skills ls` lists the ids")
     p = skill.provenance
     table = Table(title=f"skill {skill.skill_id}", show_header=False)
     rows = [("task type", skill.task_type), ("revision", str(skill.revision)), ("step", str(p.step)),

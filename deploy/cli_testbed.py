@@ -1,4 +1,4 @@
-"""`python -m deploy testbed ...`: the laptop testbed (issue 14): build the context-literate cold start,
+"""`python -m deploy testbed ...`: the laptop testbed: build the context-literate cold start,
 then measure its in-context abilities on held-out tasks (docs/testbed.md)."""
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ from typing import Annotated, Literal
 
 import typer
 
+from deploy.errors import UserError
+
 testbed_app = typer.Typer(no_args_is_help=True, help="Context-literate cold start (build) and its abilities.")
 
-DEFAULT_CONFIG = Path("deploy/configs/demo_cpu.yaml")
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "demo_cpu.yaml"
+"""The laptop demo's config: the default of `testbed build`, `sft` and `demo`, wherever they run from."""
 EnvOpt = Annotated[Literal["alfworld", "webshop"] | None,
                    typer.Option("--env", help="environment (default: the config's env.name)")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (build default: demo_cpu.yaml; "
@@ -22,13 +25,9 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", help="print the framework
 
 
 def _load(config: Path | None, overrides: list[str]):
-    from deploy.config_loading import ConfigError, load_config
+    from deploy.config_loading import load_config
 
-    try:
-        return load_config(config, overrides)
-    except ConfigError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+    return load_config(config, overrides)
 
 
 def _env_set(env: str | None) -> list[str]:
@@ -57,12 +56,10 @@ def build(
     from deploy.testbed.build import build_testbed, testbed_overrides
 
     if minutes <= 0:
-        typer.secho(f"--minutes must be > 0, got {minutes}", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"--minutes must be > 0, got {minutes}")
     cfg = _load(config or DEFAULT_CONFIG, [*testbed_overrides(), *_env_set(env), *(set_ or [])])
     if cfg.rollout.use_think:
-        typer.secho("SFT targets carry no reasoning: set rollout.use_think=false", fg="red", err=True)
-        raise typer.Exit(2)
+        raise UserError("SFT targets carry no reasoning: set rollout.use_think=false")
     _route_logs(out, verbose)
     record = build_testbed(cfg, out, minutes=minutes, corpus_episodes=corpus_episodes)
     typer.echo(f"testbed model written to {record['model']} ({record['seconds']['total'] / 60:.1f} min)")
@@ -75,9 +72,8 @@ def _model_dirs(model: Path) -> tuple[Path, Path]:
         return model / "model", model
     if (model / "config.json").exists():
         return model, model
-    typer.secho(f"--model {model}: neither {model}/config.json nor {model}/model/config.json exists; pass a "
-                "`testbed build --out` directory or an HF model directory", fg="red", err=True)
-    raise typer.Exit(2)
+    raise UserError(f"--model {model}: neither {model}/config.json nor {model}/model/config.json exists; pass a "
+                    "`testbed build --out` directory or an HF model directory")
 
 
 @testbed_app.command("abilities")
@@ -119,8 +115,7 @@ def abilities(
         with console.status("proposer validity"):
             proposer = proposer_validity(cfg, str(model_dir), held_out, seed=seed)
     except ValueError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(err)) from err
     path = out or home / "abilities.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": str(model_dir), "env": cfg.env.name, "split": "valid_unseen", "tasks": len(held_out),

@@ -20,27 +20,32 @@ if TYPE_CHECKING:
 console = Console(stderr=True)
 
 
-def _prepare_run_dir(cfg: TrainConfig, resume: bool) -> Path | None:
-    """The checkpoint to resume from (None: start at step 1). `--resume` on a run stopped before its
-    first checkpoint starts it over, dropping the steps it logged; without `--resume` a directory
-    that already holds a run is refused rather than mixed with a new one."""
+def check_run_dir(cfg: TrainConfig, resume: bool) -> Path | None:
+    """The checkpoint a run resumes from (None: it starts at step 1), or a ConfigError, before
+    anything is written: without `--resume` a directory that already holds a run is refused rather
+    than mixed with a new one; `--resume` needs a run (a checkpoint, or at least metrics.jsonl of a
+    run stopped before its first checkpoint, which then starts over)."""
     run_dir = Path(cfg.run.output_dir)
-    metrics = run_dir / "metrics.jsonl"
-    if resume:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is not None:
-            return ckpt
-        if not metrics.exists():
-            raise ConfigError(f"--resume: {run_dir} holds no run to continue (no checkpoints/, no metrics.jsonl): "
-                              "drop --resume to start it, or point run.output_dir at the run")
-        rewind_metrics(metrics, 0)
-        console.print(f"{run_dir} has no checkpoint yet: starting the run over at step 1")
+    has_run = (run_dir / "metrics.jsonl").exists()
+    if not resume:
+        if has_run:
+            raise ConfigError(f"{run_dir} already holds a run (metrics.jsonl): pass --resume to continue it, or "
+                              "--set run.output_dir=<new dir> to start another")
         return None
-    if metrics.exists():
-        raise ConfigError(
-            f"{run_dir} already holds a run (metrics.jsonl): pass --resume to continue it, or "
-            "--set run.output_dir=<new dir> to start another")
-    return None
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None and not has_run:
+        raise ConfigError(f"--resume: {run_dir} holds no run to continue (no checkpoints/, no metrics.jsonl): "
+                          "drop --resume to start it, or point run.output_dir at the run")
+    return ckpt
+
+
+def _prepare_run_dir(cfg: TrainConfig, resume: bool) -> Path | None:
+    """`check_run_dir`; a resumed run without a checkpoint drops the steps it logged and starts over."""
+    ckpt = check_run_dir(cfg, resume)
+    if resume and ckpt is None:
+        rewind_metrics(Path(cfg.run.output_dir) / "metrics.jsonl", 0)
+        console.print(f"{cfg.run.output_dir} has no checkpoint yet: starting the run over at step 1")
+    return ckpt
 
 
 def _announce_ray_address(cfg: TrainConfig, run_dir: Path) -> None:
