@@ -89,7 +89,7 @@ def _split(text: str, n: int) -> list[str]:
 
 
 def _codes(stdout: str) -> dict[int, int]:
-    return {int(i): int(rc) for i, rc in re.findall(r"^@@readme-rc (\d+) (\d+)$", stdout, re.M)}
+    return {int(i): int(rc) for i, rc in re.findall(r"^@@readme-rc (\d+) (\d+)$", stdout, re.MULTILINE)}
 
 
 def make_workspace(path: Path) -> Path:
@@ -155,7 +155,7 @@ def failures(result: BlockResult, workspace: Path) -> list[str]:
             break
         problems += [f"`{r.ran}` wrote no {g}" for g in treatment.files if not list(workspace.glob(g))]
         problems += [f"`{r.ran}` did not print /{p}/:\n{r.output[-2000:]}" for p in treatment.prints
-                     if not re.search(p, r.output, re.M)]
+                     if not re.search(p, r.output, re.MULTILINE)]
         if treatment.check is not None:
             try:
                 treatment.check(workspace)
