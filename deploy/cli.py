@@ -68,6 +68,8 @@ app = typer.Typer(cls=DeployGroup, add_completion=False, no_args_is_help=True, p
 def _root(verbose: Annotated[bool, typer.Option(
         "--verbose", help=f"print the traceback of a user error too (or set {VERBOSE_ENV}=1)")] = False) -> None:
     """Ray-distributed RL for LLM agents on multi-turn text environments."""
+    # --verbose is read by DeployGroup.parse_args; declared here so that it is accepted before any command
+
 
 app.add_typer(env_app, name="env")
 app.add_typer(skills_app, name="skills")
@@ -76,7 +78,7 @@ app.add_typer(experiment_app, name="experiment")
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config (or a saved config.resolved.json)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="dotted override key=value; repeatable")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", help="print the engines' and frameworks' logs (vLLM, torch, DeepSpeed, Ray) on the console instead of RUN/logs/")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="print the engines' and frameworks' logs (vLLM, torch, DeepSpeed, Ray) on the console instead of RUN/logs/, and a user error's traceback")]
 
 
 def _load(config: Path | None, overrides: list[str] | None):
