@@ -469,6 +469,9 @@ class Cluster:
 
         from deploy.topology import remove_rollout_placements
 
+        # Engines first stop themselves (vLLM's engine core, its rendezvous files); a worker that
+        # does not answer in time is killed all the same.
+        ray.wait([w.shutdown.remote() for w in self.workers], num_returns=len(self.workers), timeout=30)
         for handle in [*self.workers, *(p.handle for p in self.pools)]:
             ray.kill(handle)
         remove_rollout_placements()

@@ -258,13 +258,18 @@ class RolloutWorker:
                                        "version": self._version})
 
     def shutdown(self) -> None:
-        """Stop the async engine and its event loop (no-op for the lockstep loop)."""
+        """Stop the engine (and the async loop's event loop thread); idempotent. Called before the
+        actor is killed, so vLLM's engine core and rendezvous files go with it."""
         if self._loop is not None:
             close = getattr(self._engine.async_engine, "close", None)
             if close is not None:
                 self._loop.run(_on_loop(close))  # the engine's tasks belong to the loop thread
             self._loop.close()
             self._loop = None
+        else:
+            close = getattr(self._engine, "close", None)
+            if close is not None:
+                close()
 
     def weights_digest(self) -> str | None:
         """sha256 over the weight files last loaded by `load_weight_files` (None while the engine

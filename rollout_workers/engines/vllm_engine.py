@@ -37,7 +37,11 @@ its own seed (one shared seed gives identical samples).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 from rollout_workers.config import EngineConfig
 from rollout_workers.engines.base import active_choices, decode_response, derive_seed, stop_token_ids
@@ -52,6 +56,16 @@ from rollout_workers.types import Generation
 from weightsync.group import GroupSpec
 
 LOGPROBS_MODE = "processed_logprobs"
+@contextlib.contextmanager
+def _tempdir(path: str) -> Iterator[None]:
+    """`tempfile.gettempdir()` returns `path` inside the block (this process only)."""
+    before, tempfile.tempdir = tempfile.tempdir, path
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
 _FINISH = {"stop": "stop", "length": "length"}
 
 
@@ -64,7 +78,11 @@ class VLLMEngine:
         from vllm import LLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self._llm = LLM(**engine_args(model_path, cfg, seed))
+        # vLLM's one-rank rendezvous is a FileStore under tempfile.gettempdir(); a private folder
+        # lets `close` remove it (a killed engine used to leave one /tmp/vllm_dist_* per start).
+        self._rendezvous_dir = tempfile.mkdtemp(prefix="agentrl_vllm_")
+        with _tempdir(self._rendezvous_dir):
+            self._llm = LLM(**engine_args(model_path, cfg, seed))
         model_config = self._llm.llm_engine.model_config
         gen_eos = model_config.try_get_generation_config().get("eos_token_id")
         self.stop_ids = stop_token_ids(self.tokenizer, gen_eos)
@@ -104,6 +122,18 @@ class VLLMEngine:
 
     def leave_weight_group(self) -> None:
         self._llm.collective_rpc("weight_sync_close")
+
+    def close(self) -> None:
+        """Shut the engine core down, destroy vLLM's process groups and remove the rendezvous
+        folder. Idempotent."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            cleanup_dist_env_and_memory()
+        shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prompt KV blocks (benchmarks use it to compare cold-cache runs)."""
