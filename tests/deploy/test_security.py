@@ -1,22 +1,19 @@
 """Security defaults of a local run, checked on a real one (UniSkill smoke on local Ray: engines,
 learner, env pools, the skill-bank actor and its private valkey/redis server): every listening
 socket is on loopback (the Ray dashboard is off), the local Redis requires its random password
-from a 0600 config file, and no secret reaches the files a run writes."""
+from a 0600 config file, and no secret reaches the files a run writes.
+
+The run is the 2-step UniSkill run test_uniskill_smoke inspects live (`shared_runs_a`), scanned for
+listening sockets from start to end; it uses the HF engine because this test is about the run's
+sockets and files, not the engine."""
 
 from __future__ import annotations
 
 import ipaddress
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CRITIC_KEY = "critic-key-that-must-never-be-written-0f3a9c"
+from tests.deploy.shared_runs_a import CRITIC_KEY, uniskill_live_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray, pytest.mark.redis]
 
@@ -27,50 +24,15 @@ def _loopback(ip: str) -> bool:
     return (mapped or addr).is_loopback
 
 
-def _listening(root: psutil.Process) -> dict[tuple[str, int], str]:
-    """(ip, port) -> process name, for every LISTEN socket of `root` and its descendants."""
-    pids = {root.pid: root.name()}
-    for child in root.children(recursive=True):
-        try:
-            pids[child.pid] = child.name()
-        except psutil.NoSuchProcess:
-            continue
-    out = {}
-    for conn in psutil.net_connections(kind="inet"):
-        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
-            out[(conn.laddr.ip, conn.laddr.port)] = pids[conn.pid]
-    return out
-
-
 def test_loopback_rule():
     assert all(map(_loopback, ["127.0.0.1", "::1", "::ffff:127.0.0.1", "127.0.0.53"]))
     assert not any(map(_loopback, ["0.0.0.0", "::", "10.1.2.3", "::ffff:10.1.2.3"]))
 
 
-def test_local_run_listens_on_loopback_only_and_writes_no_secret(model, tmp_path):
-    run = tmp_path / "run"
-    sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=1", "eval.at_end=false",
-            "rollout.tasks_per_step=2", "rollout.group_size=4"]  # the sockets and files matter, not the episodes
-    cmd = [sys.executable, "-m", "deploy", "train", "--config", str(ROOT / "deploy/configs/smoke_cpu_uniskill.yaml"),
-           *[a for s in sets for a in ("--set", s)]]
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-           "SKILL_CRITIC_API_KEY": CRITIC_KEY}
-    seen: dict[tuple[str, int], str] = {}
-    with (tmp_path / "train.log").open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            root = psutil.Process(proc.pid)
-            deadline = time.monotonic() + 900
-            while proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    seen.update(_listening(root))
-                except psutil.NoSuchProcess:
-                    break
-                time.sleep(0.5)
-            assert proc.wait(timeout=60) == 0, (tmp_path / "train.log").read_text()[-4000:]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+def test_local_run_listens_on_loopback_only_and_writes_no_secret(warm_model, tmp_path_factory):
+    live = uniskill_live_run(tmp_path_factory, warm_model)  # shared with test_uniskill_smoke
+    assert live.returncode == 0, live.log[-4000:]
+    run, seen = live.path, live.listening
     names = set(seen.values())
     assert any("raylet" in n or "gcs_server" in n for n in names), f"no Ray process seen listening: {seen}"
     assert any("server" in n and ("valkey" in n or "redis" in n) for n in names), f"no Redis seen: {seen}"
@@ -92,9 +54,8 @@ def test_local_run_listens_on_loopback_only_and_writes_no_secret(model, tmp_path
             data = path.read_bytes()
             leaks += [f"{path.relative_to(run)}: {what}" for what, secret in
                       (("redis password", password), ("critic key", CRITIC_KEY)) if secret.encode() in data]
-    log_text = (tmp_path / "train.log").read_text()
     leaks += [f"console: {what}" for what, secret in (("redis password", password), ("critic key", CRITIC_KEY))
-              if secret in log_text]
+              if secret in live.log]
     assert leaks == [], leaks
     assert (run / "metrics.jsonl").is_file() and (run / "config.resolved.json").is_file()
     assert any((run / "logs").glob("*.log")) and any((run / "trajectories").glob("*.jsonl"))

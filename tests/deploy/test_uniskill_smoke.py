@@ -4,28 +4,21 @@ no-grad pass, acceptance rule, bank commit after the update) and logs it, while 
 inspects the live skill bank through `python -m deploy skills`. The policy is the SFT-warmed tiny
 model (`warm_model`), which wins about half of its episodes on the configs' env, so groups of 8
 hold both outcomes and every step has candidates; their count is checked against the archived
-groups."""
+groups.
+
+The runs use the HF engine (`shared_runs_a`): these tests are about the UniSkill path, its variants
+and the bank, not the engine. The whole-path run is shared with test_security."""
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ROOT / "deploy" / "configs"
+from tests.deploy.shared_runs_a import CONFIGS, shared_run, uniskill_live_run
+
 VARIANTS = ["actor_only", "proposer_only", "no_r_align", "no_support_reg", "uniskill_smrc_sd"]
-ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray, pytest.mark.redis]
-
-
-def _train_cmd(config: Path, model: Path, run: Path, steps: int) -> list[str]:
-    sets = [f"model.path={model}", f"run.output_dir={run}", f"run.total_steps={steps}", "eval.at_end=false"]
-    return [sys.executable, "-m", "deploy", "train", "--config", str(config), *[a for s in sets for a in ("--set", s)]]
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -45,33 +38,12 @@ def _expected_candidates(archive: Path, cap: int) -> int:
     return min(cap, sum(len(g) for g in eligible))
 
 
-def _skills(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "deploy", "skills", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=240, check=False)
-
-
-def test_uniskill_whole_path_with_live_inspection(warm_model, tmp_path):
-    run = tmp_path / "run"
-    log = (tmp_path / "train.log").open("w")
-    proc = subprocess.Popen(_train_cmd(CONFIGS / "smoke_cpu_uniskill.yaml", warm_model, run, steps=2), cwd=ROOT,
-                            env=ENV, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        live = None
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            if (run / "ray_address").exists():
-                address = (run / "ray_address").read_text().strip()
-                res = _skills("stats", "--address", address, "--namespace", "smoke-uniskill")
-                if res.returncode == 0 and proc.poll() is None:
-                    live = res
-                    break
-            time.sleep(2)
-        assert live is not None, "the skill bank was never readable from a second driver during training"
-        assert "version" in live.stdout
-        assert proc.wait(timeout=900) == 0, (tmp_path / "train.log").read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+def test_uniskill_whole_path_with_live_inspection(warm_model, tmp_path_factory):
+    live = uniskill_live_run(tmp_path_factory, warm_model)  # shared with test_security
+    assert live.live_stats is not None, "the skill bank was never readable from a second driver during training"
+    assert "version" in live.live_stats.stdout
+    assert live.returncode == 0, live.log[-4000:]
+    run = live.path
     steps = _metrics(run)
     assert [s["step"] for s in steps] == [1, 2]
     cap = json.loads((run / "config.resolved.json").read_text())["uniskill"]["max_candidates_per_step"]
@@ -90,17 +62,11 @@ def test_uniskill_whole_path_with_live_inspection(warm_model, tmp_path):
 
 @pytest.fixture(scope="module")
 def variant_runs(warm_model, tmp_path_factory):
-    """One training step per variant config, run once per module; later requests reuse it."""
-    done: dict[str, Path] = {}
+    """One training step per variant config, run once per session; later requests reuse it."""
 
     def get(variant: str) -> Path:
-        if variant not in done:
-            run = tmp_path_factory.mktemp(variant) / "run"
-            res = subprocess.run(_train_cmd(CONFIGS / f"smoke_cpu_{variant}.yaml", warm_model, run, steps=1), cwd=ROOT,
-                                 env=ENV, capture_output=True, text=True, timeout=900, check=False)
-            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-            done[variant] = run
-        return done[variant]
+        return shared_run(tmp_path_factory, CONFIGS / f"smoke_cpu_{variant}.yaml", f"model.path={warm_model}",
+                          "run.total_steps=1", "eval.at_end=false")
 
     return get
 

