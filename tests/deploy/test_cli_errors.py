@@ -195,7 +195,7 @@ def test_ctrl_c_during_train_says_what_was_saved_and_resumes(model, tmp_path: Pa
         time.sleep(1)
     assert first.exists(), proc.communicate(timeout=60)[1][-3000:] if proc.poll() is not None else "no checkpoint"
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     said = [line for line in err.splitlines() if line.startswith("interrupted: ")]
