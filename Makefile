@@ -23,11 +23,13 @@ $(STAMP):
 	$(VPY) -c "import torch, vllm, deepspeed, ray; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	rm -f $(VENV)/.installed-* && touch $@
 
+# Two xdist workers: the end-to-end runs on one, one after another, the rest on the other
+# (tests/conftest.py); the 25 slowest tests are listed to keep the suite's time in view.
 test: install
-	$(VPY) -m pytest tests -q --durations=25  # the slowest tests, to keep the suite's time in view
+	$(VPY) -m pytest tests -q -n 2 --dist loadgroup --durations=25
 
 test-fast: install
-	$(VPY) -m pytest tests -q -m "not slow and not e2e"
+	$(VPY) -m pytest tests -q -n 2 -m "not slow and not e2e"
 
 demo: install
 	$(VPY) -m deploy demo

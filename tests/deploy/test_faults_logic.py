@@ -244,7 +244,7 @@ def test_actor_calls_end_in_an_error_not_a_hang():
 
     from deploy.recovery import CallTimeout, gather, get_all
 
-    ray.init(num_cpus=1, include_dashboard=False, namespace="test_faults_logic", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="test_faults_logic", log_to_driver=False)
     try:
         @ray.remote(max_restarts=0)
         class Slow:

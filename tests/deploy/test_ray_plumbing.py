@@ -25,7 +25,7 @@ TINY = TinyModelConfig(vocab_size=300, hidden_size=64, num_layers=1, num_heads=2
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, namespace="test_plumbing")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="test_plumbing")
     yield ray
     ray.shutdown()
 

@@ -22,7 +22,7 @@ OK = CriticVerdict(op_reasonable=True, content_supported=True, passed=True, crit
 def cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, namespace="skills_cli_driver")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="skills_cli_driver")
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -65,7 +65,7 @@ def test_tensor_parallel_worker_sits_in_its_placement_group(monkeypatch):
     from ray.util.placement_group import placement_group_table
 
     cfg = load_config(None, TP2)
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, namespace="test_topology")  # logical GPUs
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, namespace="test_topology")  # logical GPUs
     try:
         options = rollout_worker_options(cfg, 0)
         assert options["num_gpus"] == 0 and options["num_cpus"] == 1.0

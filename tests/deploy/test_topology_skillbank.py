@@ -22,7 +22,7 @@ def test_embedding_device_decides_the_actors_gpu():
     with pytest.raises(ValueError, match="embedding_device"):
         SkillBankConfig(embedding_device="gpu")
 
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, namespace="test_bank_gpu")
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, namespace="test_bank_gpu")
     banks = []
     try:
         banks.append(get_or_create_skillbank(SkillBankConfig(embedding_model="hashing"), "bank_cpu"))
