@@ -85,7 +85,7 @@ def summarize(run: Path) -> dict:
     metrics = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     sft, rl = summary["after SFT"], summary["after RL"]
     return {
-        "run": run.name, "minutes": round(summary["minutes"], 2),
+        "run": run.name, "minutes": round(summary["minutes"], 2), "stage_seconds": summary.get("stage_seconds"),
         "base_sha256": model_digest(run / "base"), "sft_sha256": model_digest(run / "sft"),
         "random_init_avg": summary["random init"]["avg_at_k"], "sft_avg": sft["avg_at_k"], "rl_avg": rl["avg_at_k"],
         "rl_gain": summary["rl_gain_paired"]["mean"], "rl_gain_se": summary["rl_gain_paired"]["se"],
@@ -151,7 +151,8 @@ def plot(result: dict, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3, help="number of demo runs to have (existing ones are kept)")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="number of demo runs to have (finished ones are kept, an interrupted one continues)")
     ap.add_argument("--compare-only", action="store_true", help="only compare the runs already under runs/demo_repro/")
     args = ap.parse_args()
     if not args.compare_only:
