@@ -56,5 +56,7 @@ def test_readme_block_runs(readme_session: ReadmeSession, index: int):  # noqa: 
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.ray
-def test_first_run_fixture_exposes_the_finished_run(readme_first_run):  # noqa: F811
+def test_first_run_fixture_exposes_the_finished_run(readme_first_run, readme_session):  # noqa: F811
     assert (readme_first_run / "runs/smoke/checkpoints/step_000004/hf").is_dir()
+    # every run shut its vLLM engine down at its end: no rendezvous file is left in TMPDIR
+    assert not [p.name for p in readme_session.tmpdir.iterdir() if p.name.startswith(("vllm_dist_", "agentrl_vllm_"))]

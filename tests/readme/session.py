@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,10 +104,11 @@ def make_workspace(path: Path) -> Path:
     return path
 
 
-def run_block(block: Block, workspace: Path) -> BlockResult:
+def run_block(block: Block, workspace: Path, tmpdir: Path) -> BlockResult:
     ports = {p: free_port() for p in HEAD_PORTS if any(p in c for c in block.commands)}
     lines = [shell_line(c, ports) for c in block.commands]
-    proc = subprocess.Popen(["bash", "-c", _script(lines)], cwd=workspace, env={**os.environ, **ENV},
+    env = {**os.environ, **ENV, "TMPDIR": str(tmpdir)}
+    proc = subprocess.Popen(["bash", "-c", _script(lines)], cwd=workspace, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=BLOCK_TIMEOUT_S)
@@ -127,6 +131,9 @@ class ReadmeSession:
 
     def __init__(self, workspace: Path) -> None:
         self.workspace = workspace
+        # every command's TMPDIR, inherited by the actors of the runs it starts: short, for Ray's
+        # socket paths (under 108 bytes), and private, so what the runs leave there can be checked
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="readme", dir="/tmp"))
         self.blocks = bash_blocks(README)
         self._done: dict[int, BlockResult] = {}
 
@@ -141,7 +148,7 @@ class ReadmeSession:
             block = self.blocks[index]
             if self.needs_first_run(block):
                 self.run(self.first_run_index())
-            self._done[index] = run_block(block, self.workspace)
+            self._done[index] = run_block(block, self.workspace, self.tmpdir)
         return self._done[index]
 
 
@@ -165,8 +172,10 @@ def failures(result: BlockResult, workspace: Path) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def readme_session(tmp_path_factory: pytest.TempPathFactory) -> ReadmeSession:
-    return ReadmeSession(make_workspace(tmp_path_factory.mktemp("readme") / "repo"))
+def readme_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReadmeSession]:
+    session = ReadmeSession(make_workspace(tmp_path_factory.mktemp("readme") / "repo"))
+    yield session
+    shutil.rmtree(session.tmpdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
