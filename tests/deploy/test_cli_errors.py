@@ -186,7 +186,8 @@ def test_ctrl_c_during_train_says_what_was_saved_and_resumes(model, tmp_path: Pa
 
     run = tmp_path / "run"
     args = ["train", "--config", SMOKE, "--set", f"model.path={model}", "--set", f"run.output_dir={run}",
-            "--set", "run.total_steps=50", "--set", "run.checkpoint_every=1", "--set", "eval.at_end=false"]
+            "--set", "run.total_steps=50", "--set", "run.checkpoint_every=1", "--set", "eval.at_end=false",
+            "--set", "engine.engine=hf"]  # the interrupt is the point here; vLLM end to end is README's first run
     proc = subprocess.Popen([sys.executable, "-m", "deploy", *args], cwd=tmp_path, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     first = run / "checkpoints" / "step_000001" / "trainer_state.json"
