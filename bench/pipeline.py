@@ -55,14 +55,15 @@ def _deploy(*args: str) -> None:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
 
 
-def sft_checkpoint(work: Path, *, minutes: float, num_tasks: int) -> Path:
-    """The demo's tiny model after its SFT cold start, built once (reused when present)."""
-    base, sft = work / "base", work / f"sft_{num_tasks}x{minutes:g}min"
+def sft_checkpoint(work: Path, *, max_steps: int | None, num_tasks: int) -> Path:
+    """The demo's tiny model after its SFT cold start (`max_steps` optimiser steps, None: every
+    planned step), built once (reused when present)."""
+    base, sft = work / "base", work / f"sft_{num_tasks}x{max_steps or 'all'}steps"
     if not (sft / "config.json").is_file():
         if not (base / "config.json").is_file():
             _deploy("build-tiny-model", "--config", str(CONFIG), "--out", str(base))
         _deploy("sft", "--config", str(CONFIG), "--model", str(base), "--out", str(sft),
-                "--num-tasks", str(num_tasks), "--minutes", str(minutes))
+                "--num-tasks", str(num_tasks), *(["--max-steps", str(max_steps)] if max_steps else []))
     return sft
 
 
@@ -101,9 +102,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     steps = args.steps or (3 if args.quick else 8)
-    eval_tasks, sft_minutes, sft_tasks = (16, 1.5, 100) if args.quick else (48, 6.0, 300)
+    eval_tasks, sft_steps, sft_tasks = (16, 50, 100) if args.quick else (48, None, 300)
     start = time.perf_counter()
-    model = sft_checkpoint(args.work, minutes=sft_minutes, num_tasks=sft_tasks)
+    model = sft_checkpoint(args.work, max_steps=sft_steps, num_tasks=sft_tasks)
     modes: dict[str, dict] = {}
     for k in (0, 1):
         run = args.work / f"{'quick_' if args.quick else ''}k{k}"

@@ -46,7 +46,8 @@ def _route_logs(directory: Path, verbose: bool) -> None:
 def build(
     out: Annotated[Path, typer.Option("--out", help="output directory (DIR/model, DIR/build.json)")],
     env: EnvOpt = None,
-    minutes: Annotated[float, typer.Option("--minutes", help="wall-clock budget for the whole build")] = 18.0,
+    minutes: Annotated[float | None, typer.Option(
+        "--minutes", help="optional cap on the SFT's wall clock: reaching it fails the build (default: sft.minutes, off)")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     corpus_episodes: Annotated[int, typer.Option(help="expert episodes in the tokenizer corpus")] = 200,
@@ -55,7 +56,7 @@ def build(
     """Tokenizer + tiny model + SFT on plain, teacher-block, skill and proposer turns (sft.*_fraction)."""
     from deploy.testbed.build import build_testbed, testbed_overrides
 
-    if minutes <= 0:
+    if minutes is not None and minutes <= 0:
         raise UserError(f"--minutes must be > 0, got {minutes}")
     cfg = _load(config or DEFAULT_CONFIG, [*testbed_overrides(), *_env_set(env), *(set_ or [])])
     if cfg.rollout.use_think:

@@ -7,7 +7,9 @@ Stages (each timed in DIR/build.json):
    words ("Reference step", "Suggested next action", skill wording) become merged tokens rather
    than byte soup (byte-level BPE decodes losslessly, so the text is exactly what was rendered);
 3. SFT (`deploy.laptop.sft.run_sft`) on plain expert turns mixed with the context-literate turns
-   by `sft.*_fraction`, for whatever is left of the `minutes` budget.
+   by `sft.*_fraction`, for the configured steps (`sft.epochs`, `sft.max_steps`): the model does
+   not depend on the machine's speed. `minutes` is an optional cap on the SFT that fails the build
+   rather than cutting it short.
 Writes DIR/base (the random-init model), DIR/model (the cold-started HF dir), DIR/config.resolved.json
 (loadable by `load_config`, so `testbed abilities --model DIR` uses the same env and prompts) and
 DIR/build.json (config, fractions, stage seconds, rows per kind, git commit).
@@ -39,12 +41,10 @@ from envs.tasks import sample_tasks
 
 TESTBED_SFT = {"teacher_fraction": 0.2, "skill_fraction": 0.15, "proposer_fraction": 0.1, "epochs": 6}
 """The testbed's default mix (plain turns stay 55%) and epochs (about 14 minutes of SFT on an idle
-2-core machine; the budget's clock stops it earlier on a loaded one); applied before the user's
+2-core machine; a loaded one takes longer, to the same weights); applied before the user's
 --set overrides, and only for the keys `SFTConfig` has."""
 CORPUS_TASKS = 40
 """Train tasks whose extra turns are rendered into the tokenizer corpus (a sample is enough for BPE)."""
-SETUP_RESERVE_S = 90.0
-"""Seconds of the budget kept back for the SFT's data preparation and saving (outside its loop clock)."""
 
 
 UNISKILL_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_uniskill_cpu.yaml"
@@ -88,17 +88,17 @@ def extra_corpus(cfg: TrainConfig, boot_dir: Path, *, num_tasks: int = CORPUS_TA
     return [tokenizer.decode(list(t.prompt_ids) + list(t.target_ids)) for t in turns]
 
 
-def build_testbed(cfg: TrainConfig, out: str | Path, *, minutes: float = 18.0, corpus_episodes: int = 200,
+def build_testbed(cfg: TrainConfig, out: str | Path, *, minutes: float | None = None, corpus_episodes: int = 200,
                   console: Console | None = None) -> dict:
-    """Stages 1-3 above within `minutes` of wall clock (the SFT gets what the first two leave,
-    less `SETUP_RESERVE_S`); returns the build.json record."""
+    """Stages 1-3 above; `minutes` caps the SFT (None: `sft.minutes`, off by default). Returns the
+    build.json record."""
     console = console or Console(stderr=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     seconds: dict[str, float] = {}
 
-    console.print(f"[bold]testbed build[/] env={cfg.env.name} fractions={fractions(cfg)} budget={minutes:g} min")
+    console.print(f"[bold]testbed build[/] env={cfg.env.name} fractions={fractions(cfg)}")
     t = time.perf_counter()
     boot = build_model_from_env(cfg, out / "boot", num_episodes=corpus_episodes)
     corpus = extra_corpus(cfg, boot)
@@ -112,15 +112,13 @@ def build_testbed(cfg: TrainConfig, out: str | Path, *, minutes: float = 18.0, c
     seconds["tokenizer_and_model"] = time.perf_counter() - t
     console.print(f"  tokenizer + model -> {base} ({seconds['tokenizer_and_model']:.0f}s)")
 
-    sft_minutes = max(0.5, minutes - (time.perf_counter() - start + SETUP_RESERVE_S) / 60)
-    console.print(f"  sft for at most {sft_minutes:.1f} min")
     t = time.perf_counter()
-    model = run_sft(cfg, str(base), out / "model", minutes=sft_minutes)
+    model = run_sft(cfg, str(base), out / "model", minutes=minutes)
     seconds["sft"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - start
     summary = json.loads((model / "sft_summary.json").read_text())
-    record = {"model": str(model), "env": cfg.env.name, "fractions": fractions(cfg), "minutes_budget": minutes,
-              "sft_minutes": sft_minutes, "seconds": seconds, "rows_by_kind": summary.get("rows_by_kind"),
+    record = {"model": str(model), "env": cfg.env.name, "fractions": fractions(cfg), "sft_minutes_cap": minutes,
+              "seconds": seconds, "rows_by_kind": summary.get("rows_by_kind"),
               "sft_final_loss": summary.get("final_loss"), "sft_optimizer_steps": summary.get("optimizer_steps"),
               "corpus_extra_turns": len(corpus), "load_average_at_end": list(os.getloadavg()), "commit": git_commit(),
               "config": cfg.model_dump(mode="json")}

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["sft.tiny_model.hidden_size=64", "sft.tiny_model.num_heads=1", "sft.tiny_model.intermediate_size=64",
         "sft.tiny_model.num_layers=1", "sft.tiny_model.vocab_size=400", "sft.tiny_model.max_position_embeddings=8192",
         "engine.engine=vllm", "engine.max_model_len=8192", "env.max_steps=14", "eval.k=1", "sft.num_tasks=4",
-        "sft.epochs=1"]
+        "sft.epochs=1", "sft.max_steps=3"]
 SIGNED = r"[+-]\d+\.\d{3}"
 LINES = [
     rf"teacher context gain matched - mismatched: {SIGNED} \[{SIGNED}, {SIGNED}\]",
@@ -35,7 +35,7 @@ def _deploy(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("testbed") / "tb"
     sets = [a for s in TINY for a in ("--set", s)]
-    res = _deploy("build", "--out", str(out), "--minutes", "0.2", "--corpus-episodes", "4", *sets)
+    res = _deploy("build", "--out", str(out), "--corpus-episodes", "4", *sets)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
