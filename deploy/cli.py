@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
+from deploy.cli_doctor import doctor, require_preflight
 from deploy.cli_env import env_app
 from deploy.cli_experiment import experiment_app
 from deploy.cli_skills import skills_app
@@ -75,6 +76,7 @@ app.add_typer(env_app, name="env")
 app.add_typer(skills_app, name="skills")
 app.add_typer(testbed_app, name="testbed")
 app.add_typer(experiment_app, name="experiment")
+app.command("doctor")(doctor)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config (or a saved config.resolved.json)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="dotted override key=value; repeatable")]
@@ -126,6 +128,7 @@ def train(config: ConfigOpt, set_: SetOpt = None,
 
     cfg = _load(config, set_)
     _check_model(cfg.model.path)
+    require_preflight(cfg)
     check_run_dir(cfg, resume)
     _route_logs(cfg.run.output_dir, verbose)
     # `ray job stop` and a plain `kill` send SIGTERM: unwind, so the actors and the bank's server stop.

@@ -67,7 +67,7 @@ def test_recorded_list_matches_the_installed_vllm_release() -> None:
 
 def test_build_checks_the_stack_without_a_gpu_and_prefetches_kernels() -> None:
     instructions = _instructions()
-    cuda = re.search(r"^# torch\.version\.cuda: (\S+)$", RECORDED.read_text(), re.M).group(1)
+    cuda = re.search(r"^# torch\.version\.cuda: (\S+)$", RECORDED.read_text(), re.MULTILINE).group(1)
     check = [i for i in instructions if "import torch, torchvision, vllm._C_stable_libtorch, deepspeed" in i]
     assert len(check) == 1 and f"startswith('{cuda}')" in check[0]
     assert "RUN vllm download-kernels" in instructions
