@@ -37,6 +37,21 @@ def _dense_ids(ids: torch.Tensor) -> torch.Tensor:
     return torch.unique(ids, return_inverse=True)[1]
 
 
+def _member_weights(group: torch.Tensor, traj_ids: torch.Tensor, cross_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's weight in its group's statistics, and each group's member count (B,), (G,):
+    cross_step=True: weight 1 per row, members = rows; False: weight 1 / T per row of a T-row
+    trajectory (each trajectory weighs 1 in total), members = trajectories."""
+    num_groups = int(group.max()) + 1
+    if cross_step:
+        ones = torch.ones(group.numel(), dtype=torch.float64, device=group.device)
+        return ones, torch.zeros(num_groups, dtype=torch.float64, device=group.device).index_add_(0, group, ones)
+    pair_ids = torch.stack([group, traj_ids.to(group.device).long()], 1)
+    pairs, pair = torch.unique(pair_ids, dim=0, return_inverse=True)
+    rows_per_traj = torch.bincount(pair).double()
+    trajs = torch.bincount(pairs[:, 0], minlength=num_groups).double()
+    return 1.0 / rows_per_traj[pair], trajs
+
+
 def grpo_advantages(
     scores: torch.Tensor,
     group_ids: torch.Tensor,
@@ -52,9 +67,12 @@ def grpo_advantages(
     scores (B,) float; group_ids (B,) int; traj_ids (B,) int, unique per trajectory (any ints:
     only equality matters). Returns (B,) float32.
 
-    cross_step=True (verl-agent default): mu_g and the unbiased sigma_g are taken over all step
-    rows of the group, so a T-step trajectory counts T times. cross_step=False: each trajectory
-    counts once, with the score of its first row in batch order (verl-agent's `seen_pairs`).
+    mu_g and sigma_g are the weighted mean and unbiased std of the row scores s_i of group g, the
+    same quantity that is normalised. cross_step=True (verl-agent default): every row weighs 1, so
+    a T-step trajectory counts T times. cross_step=False: each row of a T-row trajectory weighs 1/T,
+    so each trajectory counts once (sigma^2 = sum w (s - mu)^2 / (trajectories - 1)); when all rows
+    of a trajectory share a score this is verl-agent's per-trajectory statistic exactly, and a row
+    whose own score differs (the invalid-action penalty) is measured against a spread it is part of.
     A group with one member (row, or trajectory when cross_step=False) gets A = 0 when
     singleton_zero, else its raw score (verl: mu = 0, sigma = 1). norm_by_std=False is Dr.GRPO.
     """
@@ -62,35 +80,21 @@ def grpo_advantages(
         raise ValueError("grpo_advantages needs at least one row")
     scores, dev = scores.float(), scores.device
     group = _dense_ids(group_ids.to(dev))
-    num_groups = int(group.max()) + 1
-    if cross_step:
-        members = torch.ones_like(scores, dtype=torch.bool)
-    else:
-        pair = torch.unique(torch.stack([group, traj_ids.to(dev).long()], 1), dim=0, return_inverse=True)[1]
-        first = torch.full((int(pair.max()) + 1,), scores.numel(), dtype=torch.long, device=dev)
-        rows = torch.arange(scores.numel(), device=dev)
-        first = first.scatter_reduce(0, pair, rows, reduce="amin")
-        members = torch.zeros_like(scores, dtype=torch.bool)
-        members[first] = True
-    # Group statistics in float64, and a group whose members all scored the same is centred on
-    # that exact value: float32 sums leave a ~1e-6 residue that the std (also ~1e-6) would
-    # blow back up to O(1) (16 x 0.1 -> A = 0.015 in float32).
+    weight, members = _member_weights(group, traj_ids, cross_step)
+    # Group statistics in float64, and a group whose rows all scored the same is centred on that
+    # exact value: float32 sums leave a ~1e-6 residue that the std (also ~1e-6) would blow back
+    # up to O(1) (16 x 0.1 -> A = 0.015 in float32).
     x = scores.double()
-    weight = members.double()
-    count = torch.zeros(num_groups, dtype=x.dtype, device=dev).index_add_(0, group, weight)
-    mean = torch.zeros_like(count).index_add_(0, group, weight * x) / count.clamp_min(1.0)
-    big = torch.finfo(x.dtype).max
-    lo = torch.full_like(count, big).scatter_reduce(0, group, torch.where(members, x, big), reduce="amin")
-    hi = torch.full_like(count, -big).scatter_reduce(0, group, torch.where(members, x, -big), reduce="amax")
+    total = torch.zeros_like(members).index_add_(0, group, weight)
+    mean = torch.zeros_like(members).index_add_(0, group, weight * x) / total
+    lo = torch.zeros_like(members).scatter_reduce(0, group, x, reduce="amin", include_self=False)
+    hi = torch.zeros_like(members).scatter_reduce(0, group, x, reduce="amax", include_self=False)
     mean = torch.where(lo == hi, lo, mean)
-    sq_dev = weight * (x - mean[group]) ** 2
-    var = torch.zeros_like(count).index_add_(0, group, sq_dev) / (count - 1.0).clamp_min(1.0)
-    std = var.sqrt()
-    singleton = count[group] <= 1
     centered = x - mean[group]
-    adv = (centered / (std[group] + eps) if norm_by_std else centered).float()
+    var = torch.zeros_like(members).index_add_(0, group, weight * centered**2) / (members - 1.0).clamp_min(1.0)
+    adv = (centered / (var.sqrt()[group] + eps) if norm_by_std else centered).float()
     raw = torch.zeros_like(scores) if singleton_zero else scores
-    return torch.where(singleton, raw, adv)
+    return torch.where(members[group] <= 1, raw, adv)
 
 
 def cap_invalid_advantages(advantages: torch.Tensor, action_valid: torch.Tensor) -> torch.Tensor:

@@ -71,10 +71,31 @@ def test_per_trajectory_counts_each_trajectory_once():  # S7.3: [1, 0] -> +-1/sq
     torch.testing.assert_close(got, T([r, r, r, -r]), atol=1e-5, rtol=0)
 
 
-def test_per_trajectory_uses_first_row_score():  # verl-agent's seen_pairs: first row in batch order
-    got = adv([1.0, 0.9, 0.0], trajs=[0, 0, 1], cross_step=False)
-    r = 1 / math.sqrt(2)
-    torch.testing.assert_close(got, T([r, (0.9 - 0.5) / (r + 1e-6), -r]), atol=1e-5, rtol=0)
+def test_per_trajectory_weighs_each_row_one_over_its_trajectory_length():
+    """Rows [1, 0] of trajectory 0 weigh 1/2 each, row [0] of trajectory 1 weighs 1: mu = 1/4,
+    sigma^2 = (1/2 (3/4)^2 + 1/2 (1/4)^2 + (1/4)^2) / (2 - 1) = 3/8, so A = (3, -1, -1) / sqrt(6)."""
+    got = adv([1.0, 0.0, 0.0], trajs=[0, 0, 1], cross_step=False)
+    torch.testing.assert_close(got, T([3.0, -1.0, -1.0]) / math.sqrt(6), atol=1e-5, rtol=0)
+
+
+def test_per_trajectory_penalty_after_tied_first_rows_stays_bounded():
+    """Two failed episodes (R = 0); episode 0's second action is invalid (c_inv = 0.1). The first
+    rows tie, so statistics from first rows alone had sigma = 0 and gave the penalised row
+    -0.1 / 1e-6 = -1e5. Weighted statistics: mu = -0.025, sigma^2 = (1/2 0.025^2 + 1/2 0.075^2 +
+    0.025^2) / 1 = 0.00375, A = (0.025, -0.075, 0.025) / (sqrt(0.00375) + 1e-6), about
+    (1, -3, 1) / sqrt(6)."""
+    scores = penalised_scores(T([0.0, 0.0, 0.0]), T([True, False, True]), invalid_action_penalty=0.1)
+    got = grpo_advantages(scores, T([0, 0, 0]), T([0, 0, 1]), cross_step=False)
+    torch.testing.assert_close(got, T([0.025, -0.075, 0.025]) / (math.sqrt(0.00375) + 1e-6), atol=1e-6, rtol=0)
+    assert got.abs().max() < 1.3
+    dr_grpo = grpo_advantages(scores, T([0, 0, 0]), T([0, 0, 1]), cross_step=False, norm_by_std=False)
+    torch.testing.assert_close(dr_grpo, T([0.025, -0.075, 0.025]), atol=1e-7, rtol=0)
+
+
+def test_per_trajectory_singleton_is_one_trajectory_of_many_rows():
+    got = adv([1.0, 0.9, 0.0], trajs=[0, 0, 0], cross_step=False)
+    assert torch.equal(got, torch.zeros(3))
+    assert adv([1.0, 0.9], trajs=[0, 0], cross_step=False, singleton_zero=False).tolist() == [1.0, 0.8999999761581421]
 
 
 def test_groups_are_independent():
