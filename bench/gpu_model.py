@@ -1,22 +1,22 @@
-"""Random-init Qwen2/Qwen3-shaped causal LMs for bench/gpu_check.py, with torch alone.
+"""Random-init Qwen2/Qwen3-shaped causal LMs for bench/gpu_check.py, built by transformers from a
+config written in code (no hub, no download): the shapes below are the published configs' sizes.
 
-`build_model(shape)` uses transformers (Qwen3ForCausalLM / Qwen2ForCausalLM from a config written
-in code) when it imports, else `TorchDecoder` below: the same architecture in plain torch (RMSNorm,
-rotary position embedding, grouped-query attention through F.scaled_dot_product_attention, optional
-per-head q/k RMSNorm as in Qwen3, SwiGLU MLP, optionally tied embeddings). Either way the caller
-gets `(model, impl)` where `model.hidden(ids) -> [B, T, H]` final hidden states (after the final
-norm), `model.head_weight() -> [V, H]` and `model.set_checkpointing(bool)`. No weights are
-downloaded: the shapes below are the published configs' sizes.
+`hf_model(shape)` builds the model in memory; `write_model_dir(shape, out)` saves one as an HF
+directory (config, bf16 safetensors, generation config and a word-level tokenizer with one token
+per id, so every sampled id decodes) that the project's `LearnerWorker` and `HFEngine` load as
+they load a real checkpoint.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+EOS_ID = 0
+"""The random model's end-of-sequence id (also its padding id); workloads draw ids from 1 up."""
 
 
 @dataclass(frozen=True)
@@ -50,147 +50,49 @@ TINY_7B = Shape("tiny-qwen2", vocab=1024, hidden=96, layers=2, heads=6, kv_heads
                 intermediate=192, tied=False, qk_norm=False)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-class Attention(nn.Module):
-    def __init__(self, s: Shape):
-        super().__init__()
-        self.s = s
-        self.q_proj = nn.Linear(s.hidden, s.heads * s.head_dim, bias=not s.qk_norm)
-        self.k_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=not s.qk_norm)
-        self.v_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=not s.qk_norm)
-        self.o_proj = nn.Linear(s.heads * s.head_dim, s.hidden, bias=False)
-        self.q_norm = RMSNorm(s.head_dim) if s.qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(s.head_dim) if s.qk_norm else nn.Identity()
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        s = self.s
-        q = self.q_norm(self.q_proj(x).view(b, t, s.heads, s.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, s.kv_heads, s.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, s.kv_heads, s.head_dim).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, s.heads * s.head_dim))
-
-
-class Block(nn.Module):
-    def __init__(self, s: Shape):
-        super().__init__()
-        self.input_layernorm = RMSNorm(s.hidden)
-        self.self_attn = Attention(s)
-        self.post_attention_layernorm = RMSNorm(s.hidden)
-        self.gate_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
-        self.up_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
-        self.down_proj = nn.Linear(s.intermediate, s.hidden, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-
-
-class TorchDecoder(nn.Module):
-    """A Qwen2/Qwen3-style decoder in plain torch (the fallback when transformers is absent)."""
-
-    def __init__(self, s: Shape):
-        super().__init__()
-        self.s = s
-        self.embed_tokens = nn.Embedding(s.vocab, s.hidden)
-        self.layers = nn.ModuleList(Block(s) for _ in range(s.layers))
-        self.norm = RMSNorm(s.hidden)
-        self.lm_head = None if s.tied else nn.Linear(s.hidden, s.vocab, bias=False)
-        self.checkpointing = False
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-
-    def set_checkpointing(self, on: bool) -> None:
-        self.checkpointing = on
-
-    def head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        t = ids.shape[1]
-        inv = 1.0 / (self.s.rope_theta ** (torch.arange(0, self.s.head_dim, 2, device=ids.device).float()
-                                           / self.s.head_dim))
-        freqs = torch.outer(torch.arange(t, device=ids.device).float(), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        x = self.embed_tokens(ids)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for layer in self.layers:
-            if self.checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin)
-        return self.norm(x)
-
-
-class _HFAdapter(nn.Module):
-    """The same three calls over a transformers causal LM."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def set_checkpointing(self, on: bool) -> None:
-        if on:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            self.model.gradient_checkpointing_disable()
-
-    def head_weight(self) -> torch.Tensor:
-        return self.model.get_output_embeddings().weight
-
-    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.model(input_ids=ids, use_cache=False).last_hidden_state
-
-
-def _hf_model(s: Shape) -> nn.Module:
+def _config(s: Shape):
     import transformers
 
     common = {"vocab_size": s.vocab, "hidden_size": s.hidden, "num_hidden_layers": s.layers,
               "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "intermediate_size": s.intermediate,
-              "tie_word_embeddings": s.tied, "rope_theta": s.rope_theta, "max_position_embeddings": 32_768}
+              "tie_word_embeddings": s.tied, "rope_theta": s.rope_theta, "max_position_embeddings": 32_768,
+              "eos_token_id": EOS_ID, "pad_token_id": EOS_ID}
     if s.qk_norm:
-        cfg = transformers.Qwen3Config(head_dim=s.head_dim, **common)
-        cls = transformers.Qwen3ForCausalLM
-    else:
-        cfg = transformers.Qwen2Config(**common)
-        cls = transformers.Qwen2ForCausalLM
+        return transformers.Qwen3Config(head_dim=s.head_dim, **common), transformers.Qwen3ForCausalLM
+    return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+
+
+def hf_model(s: Shape, *, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """A random-init transformers causal LM of shape `s`, built directly on `device` in `dtype` (no
+    full-size copy on the host), with SDPA attention."""
+    cfg, cls = _config(s)
     cfg._attn_implementation = "sdpa"
-    return _HFAdapter(cls(cfg))
-
-
-def build_model(s: Shape, *, device: torch.device, dtype: torch.dtype, prefer_hf: bool = True) -> tuple[nn.Module, str]:
-    """A random-init model of shape `s`, built directly on `device` in `dtype` (no full-size copy on
-    the host); returns (model, "transformers" | "torch")."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            if prefer_hf:
-                try:
-                    return _hf_model(s), "transformers"
-                except (ImportError, AttributeError):  # no transformers, or one without Qwen3
-                    pass
-            return TorchDecoder(s), "torch"
+            return cls(cfg)
     finally:
         torch.set_default_dtype(previous)
+
+
+def _tokenizer(vocab: int):
+    """A word-level tokenizer with one token "<i>" per id (the random model has no text)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab)}, unk_token=f"<{EOS_ID}>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"<{EOS_ID}>", pad_token=f"<{EOS_ID}>")
+
+
+def write_model_dir(s: Shape, out: Path, *, device: torch.device) -> Path:
+    """Save a random-init model of shape `s` (bf16 weights) with its tokenizer as an HF directory."""
+    from transformers import GenerationConfig
+
+    model = hf_model(s, device=device, dtype=torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    _tokenizer(s.vocab).save_pretrained(out)
+    return out
