@@ -31,6 +31,7 @@ from learner.distill import sd_denominator
 from learner.gigpo import gigpo_advantages
 from learner.logprobs import ResponseScores
 from learner.metrics import OldPass, Tally
+from learner.off_policy import weight_band
 from learner.types import Chunk, ExtraLoss, MicroBatchView, TokenBatch
 
 ROW_WEIGHTINGS: dict[str, Callable[[TokenBatch], torch.Tensor]] = {
@@ -185,7 +186,7 @@ def actor_micro_loss(
     else:  # old_logp = pi_prox (recomputed), the sampler's log-probs = pi_behav (docs/algorithms.md)
         pl, _ = off_policy_policy_loss(
             scores.logp, old_logp, micro.sampler_logp.to(device), adv, mask,
-            method=cfg.off_policy, cap=cfg.tis_cap,
+            method=cfg.off_policy, cap=cfg.tis_cap, band=weight_band(cfg),
             clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c,
         )  # fmt: skip
     agg = functools.partial(

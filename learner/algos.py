@@ -13,6 +13,7 @@ Departures from verl, on purpose:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,14 +38,22 @@ def _dense_ids(ids: torch.Tensor) -> torch.Tensor:
     return torch.unique(ids, return_inverse=True)[1]
 
 
-def _member_weights(group: torch.Tensor, traj_ids: torch.Tensor, cross_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's weight in its group's statistics, and each group's member count (B,), (G,):
+def _group_sum(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """(B,) float64 values summed per dense group id: (B,), (B,) -> (G,)."""
+    sums = torch.zeros(int(group.max()) + 1, dtype=values.dtype, device=values.device)
+    return sums.index_add_(0, group, values)
+
+
+def _member_weights(
+    group: torch.Tensor, traj_ids: torch.Tensor, cross_step: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's weight in its group's statistics (B,) and each group's member count (G,), float64.
     cross_step=True: weight 1 per row, members = rows; False: weight 1 / T per row of a T-row
     trajectory (each trajectory weighs 1 in total), members = trajectories."""
     num_groups = int(group.max()) + 1
     if cross_step:
         ones = torch.ones(group.numel(), dtype=torch.float64, device=group.device)
-        return ones, torch.zeros(num_groups, dtype=torch.float64, device=group.device).index_add_(0, group, ones)
+        return ones, _group_sum(ones, group)
     pair_ids = torch.stack([group, traj_ids.to(group.device).long()], 1)
     pairs, pair = torch.unique(pair_ids, dim=0, return_inverse=True)
     rows_per_traj = torch.bincount(pair).double()
@@ -85,13 +94,12 @@ def grpo_advantages(
     # exact value: float32 sums leave a ~1e-6 residue that the std (also ~1e-6) would blow back
     # up to O(1) (16 x 0.1 -> A = 0.015 in float32).
     x = scores.double()
-    total = torch.zeros_like(members).index_add_(0, group, weight)
-    mean = torch.zeros_like(members).index_add_(0, group, weight * x) / total
+    mean = _group_sum(weight * x, group) / _group_sum(weight, group)
     lo = torch.zeros_like(members).scatter_reduce(0, group, x, reduce="amin", include_self=False)
     hi = torch.zeros_like(members).scatter_reduce(0, group, x, reduce="amax", include_self=False)
     mean = torch.where(lo == hi, lo, mean)
     centered = x - mean[group]
-    var = torch.zeros_like(members).index_add_(0, group, weight * centered**2) / (members - 1.0).clamp_min(1.0)
+    var = _group_sum(weight * centered**2, group) / (members - 1.0).clamp_min(1.0)
     adv = (centered / (var.sqrt()[group] + eps) if norm_by_std else centered).float()
     raw = torch.zeros_like(scores) if singleton_zero else scores
     return torch.where(members[group] <= 1, raw, adv)
@@ -163,7 +171,10 @@ def ppo_policy_loss(
 # ---------------------------------------------------------------------------------------------
 # off-policy correction (docs/algorithms.md "Off-policy correction")
 
-OFF_POLICY_METHODS = ("none", "decoupled", "tis")
+OFF_POLICY_METHODS = ("none", "decoupled", "tis", "seq_mask_tis", "icepop")
+MASKED_METHODS = ("seq_mask_tis", "icepop")
+"""The methods that keep only tokens inside a (low, high) band: of each row's geometric-mean
+weight (seq_mask_tis) or of each token's weight (icepop)."""
 
 
 @dataclass(frozen=True)
@@ -171,29 +182,69 @@ class BehaviourWeights:
     """Per-token behaviour importance weights w = pi_prox / pi_behav, all (B, L), detached, 0
     outside the mask."""
 
-    weight: torch.Tensor  # the weight the loss applies (after the cap)
+    weight: torch.Tensor  # the weight the loss applies (after the cap / the masks)
     raw: torch.Tensor  # exp(clamp(prox_logp - behav_logp, +-20)) before the cap
-    capped: torch.Tensor  # 1 where the cap changed the weight (truncated or dropped)
+    capped: torch.Tensor  # 1 where the cap or a mask changed the weight (truncated or dropped)
+
+
+def geometric_mean_weights(log_w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each row's geometric-mean weight exp(sum_t m_t log w_t / sum_t m_t): (B, L) x2 -> (B,);
+    1 for a row without tokens."""
+    return ((log_w * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)).exp()
+
+
+def _inside(values: torch.Tensor, band: tuple[float, float]) -> torch.Tensor:
+    return (values >= band[0]) & (values <= band[1])
+
+
+def _checked_band(method: str, cap: float | None, band: tuple[float, float] | None) -> tuple[float, float]:
+    """The band of a masked method (validated), (0, inf) for the others; raises on a bad method or cap."""
+    if method not in OFF_POLICY_METHODS[1:]:
+        raise ValueError(f"behaviour_weights: method must be one of {OFF_POLICY_METHODS[1:]}, got {method!r}")
+    if cap is not None and cap <= 1.0:
+        raise ValueError(f"the importance-weight cap must be > 1 (or None), got {cap}")
+    if method not in MASKED_METHODS:
+        return (0.0, math.inf)
+    if band is None or not (0.0 < band[0] <= 1.0 <= band[1] and band[0] < band[1]):
+        raise ValueError(
+            f"method {method!r} needs a band (low, high) with 0 < low <= 1 <= high and low < high, got {band}"
+        )
+    return band
 
 
 def behaviour_weights(
-    prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, *, method: str, cap: float | None
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    method: str,
+    cap: float | None,
+    band: tuple[float, float] | None = None,
 ) -> BehaviourWeights:
-    """w = exp(clamp(prox_logp - behav_logp, +-20)) per token, bounded by the cap C:
-    method "tis" truncates (w <- min(w, C)); method "decoupled" drops the token (w <- 0 where
-    w > C, AReaL's behaviour-weight cap). cap=None: no bound. (B, L) x3 -> BehaviourWeights.
+    """w = exp(clamp(prox_logp - behav_logp, +-20)) per token, bounded by the cap C or the band:
+    "tis" truncates (w <- min(w, C)); "decoupled" drops the token (w <- 0 where w > C, AReaL's
+    behaviour-weight cap); "seq_mask_tis" truncates like "tis" and drops every token of a row
+    whose geometric-mean weight lies outside band = (low, high); "icepop" keeps w where
+    low <= w <= high and drops the token otherwise (both sides; C unused). cap=None: no cap.
+    (B, L) x3 -> BehaviourWeights.
     """
-    if method not in ("decoupled", "tis"):
-        raise ValueError(f"behaviour_weights: method must be 'decoupled' or 'tis', got {method!r}")
-    if cap is not None and cap <= 1.0:
-        raise ValueError(f"the importance-weight cap must be > 1 (or None), got {cap}")
+    low_high = _checked_band(method, cap, band)
     log_w = (prox_logp.detach() - behav_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     raw = log_w.exp() * mask
-    if cap is None:
-        return BehaviourWeights(weight=raw, raw=raw, capped=torch.zeros_like(raw))
-    over = (raw > cap).to(raw.dtype) * mask
-    weight = raw.clamp(max=cap) if method == "tis" else torch.where(over > 0, torch.zeros_like(raw), raw)
-    return BehaviourWeights(weight=weight, raw=raw, capped=over)
+    zero = torch.zeros_like(raw)
+    if method == "icepop":
+        keep = _inside(raw, low_high)
+        dropped = (~keep).to(raw.dtype) * mask
+        return BehaviourWeights(weight=torch.where(keep, raw, zero), raw=raw, capped=dropped)
+    over = (raw > cap).to(raw.dtype) * mask if cap is not None else zero
+    if method == "decoupled":
+        return BehaviourWeights(weight=torch.where(over > 0, zero, raw), raw=raw, capped=over)
+    weight = raw if cap is None else raw.clamp(max=cap)
+    if method == "tis":
+        return BehaviourWeights(weight=weight, raw=raw, capped=over)
+    kept_rows = _inside(geometric_mean_weights(log_w, mask), low_high)[:, None].to(raw.dtype)
+    dropped = (1.0 - kept_rows) * mask
+    return BehaviourWeights(weight=weight * kept_rows, raw=raw, capped=torch.maximum(over, dropped))
 
 
 def off_policy_policy_loss(
@@ -208,17 +259,18 @@ def off_policy_policy_loss(
     clip_low: float,
     clip_high: float,
     clip_c: float,
+    band: tuple[float, float] | None = None,
 ) -> tuple[PolicyLoss, BehaviourWeights]:
     """The PPO loss corrected for a stale / mismatched sampler (three policies):
     loss = w * ppo_policy_loss(logp, prox_logp, A) per token, w = `behaviour_weights(prox_logp,
-    behav_logp)` detached. logp (B, L) with grad = pi_theta; prox_logp (B, L) = the learner's
-    recomputed log-probs at the step's start weights (the PPO trust region is centred on them);
+    behav_logp, method=, cap=, band=)` detached. logp (B, L) with grad = pi_theta; prox_logp (B, L)
+    = the learner's recomputed log-probs at the step's start weights (the PPO trust region is centred on them);
     behav_logp (B, L) = the sampler's recorded log-probs. clipped / clipped_lower / approx_kl are
     those of the surrogate around prox_logp (unweighted)."""
     surrogate = ppo_policy_loss(
         logp, prox_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c
     )
-    w = behaviour_weights(prox_logp, behav_logp, mask, method=method, cap=cap)
+    w = behaviour_weights(prox_logp, behav_logp, mask, method=method, cap=cap, band=band)
     return PolicyLoss(
         loss=surrogate.loss * w.weight,
         clipped=surrogate.clipped,

@@ -11,12 +11,21 @@ LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 RowWeighting = Literal["none", "per_trajectory"]
 DType = Literal["float32", "bfloat16"]
 OldLogprobs = Literal["recompute", "sampler"]
-OffPolicy = Literal["none", "decoupled", "tis"]
+OffPolicy = Literal["none", "decoupled", "tis", "seq_mask_tis", "icepop"]
 RefPlacement = Literal["device", "shard", "cpu"]
 AdvEstimator = Literal["grpo", "gigpo"]
 GiGPOMode = Literal["mean_norm", "mean_std_norm"]
 SDForm = Literal["rkl", "sdar"]
 SDDenominator = Literal["all_tokens", "matched_tokens"]
+
+
+def _check_band(name: str, low: float, high: float) -> None:
+    """An off-policy keep band [low, high] must contain w = 1 (an on-policy token is always kept)."""
+    if not (0.0 < low <= 1.0 <= high and low < high):
+        raise ValueError(
+            f"learner.{name}_low / {name}_high must satisfy 0 < low <= 1 <= high and low < high, got "
+            f"{low} / {high}"
+        )
 
 
 class DistillConfig(BaseModel):
@@ -210,10 +219,23 @@ class LearnerConfig(BaseModel):
     trust region is centred on them, and each token's loss is multiplied by the detached weight
     w = pi_prox / pi_behav (pi_behav = the sampler's recorded log-probs). "tis": w truncated at
     tis_cap (verl's rollout IS / Yao et al.'s TIS); "decoupled": tokens with w > tis_cap are dropped
-    from the loss (AReaL's decoupled PPO with its behaviour-weight cap). "none": today's loss."""
+    from the loss (AReaL's decoupled PPO with its behaviour-weight cap); "seq_mask_tis": "tis" plus
+    a sequence mask, every token of a row whose geometric-mean w lies outside [seq_mask_low,
+    seq_mask_high] is dropped; "icepop": IcePop's two-sided token mask, w kept untruncated where
+    icepop_low <= w <= icepop_high, the token dropped otherwise. "none": today's loss."""
     tis_cap: float | None = 2.0
-    """C, the bound on the behaviour weight w (> 1): "tis" uses min(w, C), "decoupled" zeroes tokens
-    with w > C. None = unbounded (plain decoupled PPO / untruncated IS)."""
+    """C, the bound on the behaviour weight w (> 1): "tis" and "seq_mask_tis" use min(w, C),
+    "decoupled" zeroes tokens with w > C. None = unbounded (plain decoupled PPO / untruncated IS)."""
+    seq_mask_low: float = 0.999
+    """seq_mask_tis: a row is dropped when its geometric-mean weight exp(mean_t log w_t) is below
+    this (0 < low <= 1; verl's geometric-mean rejection preset uses 0.999)."""
+    seq_mask_high: float = 1.001
+    """seq_mask_tis: a row is dropped when its geometric-mean weight is above this (>= 1, > low;
+    verl's preset uses 1.001)."""
+    icepop_low: float = 0.5
+    """icepop: a token with w < icepop_low is dropped (0 < low <= 1; IcePop's 0.5)."""
+    icepop_high: float = 5.0
+    """icepop: a token with w > icepop_high is dropped (>= 1, > low; IcePop's 5)."""
 
     use_deepspeed: bool = True
     """DeepSpeed engine (ZeRO, bf16, multi-rank); False = plain torch AdamW on one rank."""
@@ -257,6 +279,8 @@ class LearnerConfig(BaseModel):
             )
         if self.tis_cap is not None and self.tis_cap <= 1.0:
             raise ValueError(f"learner.tis_cap must be > 1 (or null = no cap), got {self.tis_cap}")
+        _check_band("seq_mask", self.seq_mask_low, self.seq_mask_high)
+        _check_band("icepop", self.icepop_low, self.icepop_high)
         if self.off_policy != "none" and self.old_logprobs != "recompute":
             raise ValueError(
                 f"learner.off_policy={self.off_policy} needs learner.old_logprobs=recompute (the learner's "

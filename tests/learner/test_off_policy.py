@@ -18,6 +18,7 @@ from learner.algos import (
     agg_loss,
     behaviour_weights,
     broadcast_advantages,
+    geometric_mean_weights,
     kl_penalty,
     off_policy_policy_loss,
     ppo_policy_loss,
@@ -27,6 +28,7 @@ from learner.batch import collate_rows, rows_from_trajectories, select_rows
 from learner.config import LearnerConfig
 from learner.logprobs import ResponseScores
 from learner.metrics import OldPass, Tally
+from learner.off_policy import weight_band
 from learner.types import TrainRow
 from learner.worker import LearnerWorker
 
@@ -55,8 +57,21 @@ def test_behaviour_weights_truncate_drop_and_mask():
     assert free.capped.sum() == 0
     with pytest.raises(ValueError, match="cap must be > 1"):
         behaviour_weights(prox, behav, mask, method="tis", cap=1.0)
-    with pytest.raises(ValueError, match="'decoupled' or 'tis'"):
+    with pytest.raises(ValueError, match="method must be one of"):
         behaviour_weights(prox, behav, mask, method="none", cap=2.0)
+    for method in ("seq_mask_tis", "icepop"):
+        with pytest.raises(ValueError, match="needs a band"):
+            behaviour_weights(prox, behav, mask, method=method, cap=2.0)
+        with pytest.raises(ValueError, match="needs a band"):
+            behaviour_weights(prox, behav, mask, method=method, cap=2.0, band=(1.1, 2.0))
+
+
+def test_geometric_mean_weight_per_row():
+    # row 0: w = [2, 1, 0.5] -> (2 * 1 * 0.5)^(1/3) = 1; row 1: w = [4, 1] -> sqrt(4) = 2 (padding
+    # left out); row 2: no tokens -> 1
+    log_w = T([[LN(2.0), 0.0, LN(0.5)], [LN(4.0), 0.0, 7.0], [3.0, 3.0, 3.0]])
+    mask = T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(geometric_mean_weights(log_w, mask), T([1.0, 2.0, 1.0]))
 
 
 def test_behaviour_weights_are_detached():
@@ -103,6 +118,43 @@ def test_corrected_loss_and_gradient_hand_values(method, expected_w):
     assert pl.clipped.sum() == 0 and pl.approx_kl.abs().sum() == 0
 
 
+@pytest.mark.parametrize(
+    "method, band, expected_w, expected_capped, expected_loss",
+    [
+        # geometric means: row 0 (2 * 1 * 0.5)^(1/3) = 1, row 1 sqrt(4 * 1) = 2
+        # band (0.5, 1.5): row 1 is dropped whole; row 0 kept (no weight above C = 3)
+        #   loss = (-1 * (2 + 1 + 0.5) + 0) / 5 = -0.7
+        ("seq_mask_tis", (0.5, 1.5), [[2.0, 1.0, 0.5], [0.0, 0.0, 0.0]], [[0, 0, 0], [1, 1, 0]], -0.7),
+        # band (0.5, 2.5): both rows kept, then truncated at C = 3 like tis: min(4, 3) = 3
+        #   loss = (-3.5 + 0.5 * (3 + 1)) / 5 = -0.3
+        ("seq_mask_tis", (0.5, 2.5), [[2.0, 1.0, 0.5], [3.0, 1.0, 0.0]], [[0, 0, 0], [1, 0, 0]], -0.3),
+        # icepop band (0.6, 3): 0.5 < 0.6 and 4 > 3 dropped, the kept 2 is NOT truncated (C unused)
+        #   loss = (-1 * (2 + 1) + 0.5 * 1) / 5 = -0.5
+        ("icepop", (0.6, 3.0), [[2.0, 1.0, 0.0], [0.0, 1.0, 0.0]], [[0, 0, 1], [1, 0, 0]], -0.5),
+    ],
+)
+def test_masked_corrections_hand_values(method, band, expected_w, expected_capped, expected_loss):
+    mask, adv, prox, behav = _two_rows()
+    logp = prox.clone().requires_grad_(True)
+    pl, w = off_policy_policy_loss(logp, prox, behav, adv, mask, method=method, cap=3.0, band=band, **CLIP)
+    torch.testing.assert_close(w.weight, T(expected_w))
+    torch.testing.assert_close(w.capped, T(expected_capped, dtype=torch.float32))
+    torch.testing.assert_close(w.raw, T([[2.0, 1.0, 0.5], [4.0, 1.0, 0.0]]))
+    loss = agg_loss(pl.loss, mask, "token-mean")  # a dropped token still counts in the 5 tokens
+    assert loss.item() == pytest.approx(expected_loss)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, -adv * T(expected_w) / 5.0)
+
+
+def test_icepop_ignores_the_cap_and_seq_mask_tis_without_cap_keeps_w():
+    mask, _, prox, behav = _two_rows()
+    icepop = behaviour_weights(prox, behav, mask, method="icepop", cap=1.5, band=(0.25, 8.0))
+    torch.testing.assert_close(icepop.weight, T([[2.0, 1.0, 0.5], [4.0, 1.0, 0.0]]))
+    assert icepop.capped.sum() == 0
+    seq = behaviour_weights(prox, behav, mask, method="seq_mask_tis", cap=None, band=(0.5, 2.0))
+    torch.testing.assert_close(seq.weight, T([[2.0, 1.0, 0.5], [4.0, 1.0, 0.0]]))  # 2 <= high: kept
+
+
 def test_trust_region_is_centred_on_the_proximal_policy():
     # one token, A = 1, pi_prox / pi_behav = 2, pi_theta / pi_prox = 1.1 (inside 1 +- 0.2)
     mask, adv = torch.ones(1, 1), torch.ones(1, 1)
@@ -134,8 +186,10 @@ def test_dual_clip_then_weight():
     assert pl.clipped_lower.item() == 1.0
 
 
-@pytest.mark.parametrize("method", ["tis", "decoupled"])
-def test_equal_to_plain_loss_when_behaviour_is_proximal(method):
+@pytest.mark.parametrize(
+    "method, band", [("tis", None), ("decoupled", None), ("seq_mask_tis", (0.999, 1.001)), ("icepop", (0.5, 5.0))]
+)
+def test_equal_to_plain_loss_when_behaviour_is_proximal(method, band):
     gen = torch.Generator().manual_seed(0)
     mask = (torch.rand(4, 6, generator=gen) > 0.3).float()
     adv = broadcast_advantages(torch.randn(4, generator=gen), mask)
@@ -143,7 +197,9 @@ def test_equal_to_plain_loss_when_behaviour_is_proximal(method):
     a = (prox + 0.3 * torch.randn(4, 6, generator=gen)).requires_grad_(True)
     b = a.detach().clone().requires_grad_(True)
     plain = ppo_policy_loss(a, prox, adv, mask, **CLIP)
-    corrected, w = off_policy_policy_loss(b, prox, prox.clone(), adv, mask, method=method, cap=2.0, **CLIP)
+    corrected, w = off_policy_policy_loss(
+        b, prox, prox.clone(), adv, mask, method=method, cap=2.0, band=band, **CLIP
+    )
     assert torch.equal(w.weight, mask)  # w = exp(0) = 1 exactly on every token
     assert torch.equal(corrected.loss, plain.loss)
     agg_loss(plain.loss, mask, "token-mean").backward()
@@ -197,6 +253,15 @@ def test_config_contract():
         LearnerConfig(off_policy="decoupled", old_logprobs="sampler")
     with pytest.raises(ValueError):
         LearnerConfig(off_policy="is")
+    assert weight_band(LearnerConfig(off_policy="seq_mask_tis")) == (0.999, 1.001)
+    assert weight_band(LearnerConfig(off_policy="icepop")) == (0.5, 5.0)
+    assert weight_band(LearnerConfig(off_policy="tis")) is None
+    with pytest.raises(ValueError, match="icepop_low / icepop_high must satisfy"):
+        LearnerConfig(off_policy="icepop", icepop_low=1.2)
+    with pytest.raises(ValueError, match="seq_mask_low / seq_mask_high must satisfy"):
+        LearnerConfig(off_policy="seq_mask_tis", seq_mask_low=0.9, seq_mask_high=0.95)
+    with pytest.raises(ValueError, match="seq_mask_low / seq_mask_high must satisfy"):
+        LearnerConfig(seq_mask_low=0.0)
 
 
 # --- the "none" path is the plain loss, untouched by the sampler's log-probs ---------------------
@@ -271,12 +336,20 @@ def test_version_stamps_do_not_change_the_default_update(tiny_model_dir, make_ro
     assert m_stamped.extra_metrics == {"async/row_staleness_mean": 0.0, "async/row_staleness_max": 0.0}
 
 
-@pytest.mark.parametrize("method", ["decoupled", "tis"])
-def test_worker_trains_one_step_off_with_correction(tiny_model_dir, make_rows, method):
+@pytest.mark.parametrize(
+    "method, bands",
+    [
+        ("decoupled", {}),
+        ("tis", {}),
+        ("seq_mask_tis", {"seq_mask_low": 0.991, "seq_mask_high": 1.01}),  # keeps 2 of 8 rows
+        ("icepop", {"icepop_low": 0.99, "icepop_high": 1.01}),
+    ],
+)
+def test_worker_trains_one_step_off_with_correction(tiny_model_dir, make_rows, method, bands):
     """Rows sampled by version 0 (their sampler log-probs are version 0's own), trained once at
     version 0 and again at version 1: staleness 0 then 1, the behaviour weights 1 then not, and the
     reported pg_loss equals the hand formula -TM(A * w) at the step's start."""
-    cfg = _cfg(off_policy=method, tis_cap=1.01, lr=1e-2)
+    cfg = _cfg(off_policy=method, tis_cap=1.01, lr=1e-2, **bands)
     w = LearnerWorker(cfg, str(tiny_model_dir))
     rows = make_rows()
     behav = w.score(rows)
@@ -300,7 +373,7 @@ def test_worker_trains_one_step_off_with_correction(tiny_model_dir, make_rows, m
     from learner.actor import row_advantages
 
     adv = broadcast_advantages(row_advantages(cfg, batch), mask)
-    weights = behaviour_weights(pad(prox), pad(behav), mask, method=method, cap=1.01)
+    weights = behaviour_weights(pad(prox), pad(behav), mask, method=method, cap=1.01, band=weight_band(cfg))
     assert e["async/is_weight_mean"] == pytest.approx(float(weights.weight.sum() / mask.sum()), abs=1e-5)
     assert e["async/is_capped_frac"] == pytest.approx(float(weights.capped.sum() / mask.sum()), abs=1e-6)
     expected = agg_loss(-adv * weights.weight, mask, "token-mean").item()
