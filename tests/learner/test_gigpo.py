@@ -105,6 +105,17 @@ def test_gigpo_without_repeated_states_is_the_episode_advantage():
         gigpo_advantages(T([1.0]), T([0]), T([0]), T([1.0]), T([0]), omega=1.0, mode="std")
 
 
+def test_gigpo_mean_std_norm_per_trajectory_penalty_stays_bounded():
+    """Two failed episodes on the same two states, episode 0's second action invalid (c_inv 0.1):
+    scores (0, -0.1 | 0, 0), step returns all 0 so A_step = 0. The episode term weighs each row 1/2:
+    mu = -0.025, sigma^2 = 1/2 (0.025^2 + 0.075^2 + 0.025^2 + 0.025^2) / (2 - 1) = 0.00375."""
+    scores = T([0.0, -0.1, 0.0, 0.0])
+    got = gigpo_advantages(scores, T([0] * 4), T([0, 0, 1, 1]), torch.zeros(4), T([0, 1, 0, 1]),
+                           omega=1.0, mode="mean_std_norm", cross_step=False)  # fmt: skip
+    expected = T([0.025, -0.075, 0.025, 0.025]) / (math.sqrt(0.00375) + 1e-6)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)  # first rows tie: was -1e5
+
+
 # --- rows, batch and the learner's estimator switch -----------------------------------------------
 
 
