@@ -178,6 +178,7 @@ def actor_micro_loss(
         if cfg.log_entropy and scores.entropy is not None:
             tally.add("entropy_sum", (scores.entropy.detach() * mask).sum())
         tally.add("sampler_diff_sum", ((scores.logp.detach() - old_logp).abs() * mask).sum())
+        tally.add_mismatch(micro.sampler_logp.to(device), scores.logp.detach(), mask)
     if cfg.off_policy == "none":
         pl = ppo_policy_loss(
             scores.logp, old_logp, adv, mask,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from learner.algos import kl_penalty
+from learner.mismatch import mismatch_abs_max, mismatch_sums
 from learner.types import StageSeconds, StepMetrics, TokenBatch
 
 
@@ -53,9 +54,17 @@ class Tally:
 
     sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     grad_norms: list[float] = field(default_factory=list)
+    mismatch_max: float = 0.0
+    """max |log p_engine - log p_learner| over the tokens `add_mismatch` saw."""
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         self.sums[name] += float(value)
+
+    def add_mismatch(self, engine_logp: torch.Tensor, learner_logp: torch.Tensor, mask: torch.Tensor) -> None:
+        """Engine-vs-learner log-prob sums (`learner.mismatch`) of the tokens where `mask` > 0."""
+        for name, value in mismatch_sums(engine_logp, learner_logp, mask).items():
+            self.add(name, value)
+        self.mismatch_max = max(self.mismatch_max, mismatch_abs_max(engine_logp, learner_logp, mask))
 
 
 class StageClock:

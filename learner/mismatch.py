@@ -23,6 +23,10 @@ PREFIX = "mismatch/"
 _SUMS = ("tokens", "abs_diff", "x", "y", "xx", "yy", "xy", "k3")
 
 
+ZERO_SUMS: dict[str, float] = {f"{PREFIX}sum_{name}": 0.0 for name in _SUMS}
+"""`mismatch_sums` of no token: every rank holds the same keys before the sums are all-reduced."""
+
+
 def _masked(engine_logp: torch.Tensor, learner_logp: torch.Tensor, mask: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     keep = mask.reshape(-1) > 0

@@ -52,6 +52,7 @@ from learner.collectives import all_reduce_max, all_reduce_sums, all_reduce_tens
 from learner.config import LearnerConfig
 from learner.logprobs import ResponseScores, response_logprobs
 from learner.metrics import OldPass, StageClock, Tally, step_metrics
+from learner.mismatch import ZERO_SUMS, mismatch_metrics
 from learner.off_policy import behaviour_weight_metrics, behaviour_weight_sums, staleness_metrics
 from learner.proposer_loss import ProposerLoss, proposal_metrics
 from learner.proposer_pass import ProposalData, UniPass, check_uniskill_inputs, proposal_data, uniskill_pass
@@ -331,13 +332,17 @@ class LearnerWorker:
         prop: ProposalData | None,
         lag: torch.Tensor,
     ) -> StepMetrics:
-        local = {**tally.sums, **old.sums(batch, kl_type=self.cfg.kl_type)}
+        if old.recomputed:  # else the first update pass measured the mismatch (`actor_micro_loss`)
+            tally.add_mismatch(batch.sampler_logp, old.old_logp, batch.response_mask * old.owned[:, None].float())
+        local = {**ZERO_SUMS, **tally.sums, **old.sums(batch, kl_type=self.cfg.kl_type)}
         off_policy = self.cfg.off_policy != "none"
         if off_policy:
             is_sums, is_max = behaviour_weight_sums(self.cfg, batch, old)
             local |= is_sums
         sums = all_reduce_sums(local, world_size=self.world_size, device=self.backend.device)
         extra = staleness_metrics(lag)
+        extra |= mismatch_metrics(sums, all_reduce_max(tally.mismatch_max, world_size=self.world_size,
+                                                       device=self.backend.device))
         if off_policy:
             is_max = all_reduce_max(is_max, world_size=self.world_size, device=self.backend.device)
             extra |= behaviour_weight_metrics(sums, is_max)

@@ -56,7 +56,8 @@ def test_smoke_train_then_resume(warm_model, tmp_path):
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     for key in ("policy_version", "success_rate", "reward_mean", "loss/total", "kl", "pg_clipfrac",
-                "response_len_mean", "rep4gram_ratio", "tokens_generated", "time/rollout_s", "time/learn_s"):
+                "response_len_mean", "rep4gram_ratio", "tokens_generated", "time/rollout_s", "time/learn_s",
+                "mismatch/logp_abs_diff_mean", "mismatch/logp_abs_diff_max", "mismatch/kl_k3"):
         assert key in steps[-1], key
     assert steps[-1]["policy_version"] == 2
     assert (run / "config.resolved.json").is_file()

@@ -47,3 +47,23 @@ def test_undefined_numbers_are_left_out():
     flat = torch.full_like(ENGINE, -2.0)  # no variance: no correlation
     assert "mismatch/logp_pearson" not in mismatch(flat, LEARNER, MASK)
     assert mismatch_abs_max(ENGINE, LEARNER, torch.zeros_like(MASK)) == 0.0
+
+
+@pytest.mark.parametrize("old_logprobs", ["recompute", "sampler"])
+def test_every_training_step_reports_the_mismatch(tiny_model_dir, make_rows, old_logprobs):
+    """A training step's `mismatch/*` metrics describe the same tokens as its |learner - sampler|
+    figure, in both places the learner's log-probs of theta_old exist (the no-grad pass, or the
+    first update pass when pi_old is the sampler's)."""
+    from learner.config import LearnerConfig
+    from learner.worker import LearnerWorker
+
+    rows = [r.model_copy(update={"sampler_logprobs": tuple(-0.5 - 0.1 * j for j in range(len(r.response_ids)))})
+            for r in make_rows()]  # varied, so the correlation is defined
+    cfg = LearnerConfig(lr=1e-3, use_deepspeed=False, kl_coef=0.0, micro_batch_rows=4, seed=3,
+                        old_logprobs=old_logprobs)
+    m = LearnerWorker(cfg, str(tiny_model_dir)).train_step(rows)
+    e = m.extra_metrics
+    assert e["mismatch/logp_abs_diff_mean"] == pytest.approx(m.sampler_logp_abs_diff, rel=1e-5)
+    assert e["mismatch/logp_abs_diff_mean"] > 0  # make_rows' sampler log-probs are not the model's
+    assert e["mismatch/logp_abs_diff_max"] >= e["mismatch/logp_abs_diff_mean"]
+    assert e["mismatch/kl_k3"] >= 0 and -1.0 <= e["mismatch/logp_pearson"] <= 1.0
