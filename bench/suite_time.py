@@ -1,0 +1,59 @@
+"""Seconds of a pytest run per test area, from its JUnit XML (pytest --junitxml=FILE).
+
+    PYTEST_ADDOPTS=--junitxml=runs/junit.xml make test
+    python bench/suite_time.py runs/junit.xml [--json out.json]
+
+An area is the test file's folder under tests/ (tests/deploy, tests/learner, ...; files directly
+in tests/ are "tests"). Under pytest-xdist the seconds are each test's own, summed: with two workers the wall time is about
+half the total when both stay busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+
+def area(classname: str) -> str:
+    """'tests.deploy.test_faults' -> 'tests/deploy'; 'tests.test_layout' -> 'tests'."""
+    parts = classname.split(".")
+    folders = [p for p in parts[:-1] if not p.startswith("test_") and not p[:1].isupper()]
+    return "/".join(folders) if folders else "tests"
+
+
+def summarise(junit: Path) -> dict[str, dict[str, float]]:
+    """area -> {"tests": n, "seconds": s, "failed": n, "skipped": n}."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, "seconds": 0.0, "failed": 0, "skipped": 0})
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        row = out[area(case.get("classname", ""))]
+        row["tests"] += 1
+        row["seconds"] += float(case.get("time", 0.0))
+        row["failed"] += any(child.tag in ("failure", "error") for child in case)
+        row["skipped"] += any(child.tag == "skipped" for child in case)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["seconds"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("junit", type=Path)
+    ap.add_argument("--json", type=Path, default=None, help="also write the table as JSON")
+    args = ap.parse_args(argv)
+    if not args.junit.is_file():
+        print(f"error: {args.junit} does not exist: run pytest with --junitxml={args.junit} first", file=sys.stderr)
+        return 2
+    table = summarise(args.junit)
+    total = sum(r["seconds"] for r in table.values())
+    for name, r in table.items():
+        print(f"{name:<28} {int(r['tests']):>5} tests {r['seconds'] / 60:>7.1f} min  {int(r['failed'])} failed")
+    print(f"{'all':<28} {sum(int(r['tests']) for r in table.values()):>5} tests {total / 60:>7.1f} min (test time, summed)")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"areas": table, "total_s": total}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
