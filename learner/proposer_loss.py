@@ -49,7 +49,7 @@ class ProposerLoss:
     def micro_batches(self, k: int) -> list[Chunk]:
         return shard_micro_batches(
             self._lengths, self.data.assignment[k], rank=self.rank, world_size=self.world_size,
-            micro_rows=self.cfg.micro_batch_rows,
+            micro_rows=self.cfg.micro_batch_rows, max_tokens=self.cfg.max_tokens_per_micro_batch,
         )  # fmt: skip
 
     def _denominators(self, k: int) -> PropDenominators:

@@ -172,7 +172,8 @@ def uniskill_pass(
     """Part of the step's no-grad pass at theta_old. One collated batch holds the proposal rows
     (scored on every rank: every rank trains a share of them), the swapped-skill rows of the
     scorable anchor turns and those turns' own rows (s_orig), both split over ranks by
-    `shard_micro_batches`; the payload means are summed over ranks by `reduce` (each row is real
+    `shard_micro_batches` and packed by `learner.max_tokens_per_micro_batch` (else
+    `micro_batch_rows` rows per micro-batch); the payload means are summed over ranks by `reduce` (each row is real
     on exactly one rank). `policy` / `reference` give response log-probs at theta_old / of the
     reference (None: no proposer KL). J(s_orig) and J(s~) thus come from the same learner pass,
     whatever `learner.old_logprobs` says (the engine's log-probs would bias Delta with bf16 engines)."""
@@ -200,7 +201,7 @@ def uniskill_pass(
     n_prop, n_swap, n_orig = len(prop_rows), len(swapped_rows), len(orig_rows)
     chunks = shard_micro_batches(
         aux.attention_mask.sum(-1), n_prop + torch.arange(n_swap + n_orig), rank=rank, world_size=world_size,
-        micro_rows=cfg.micro_batch_rows, shared=torch.arange(n_prop),
+        micro_rows=cfg.micro_batch_rows, shared=torch.arange(n_prop), max_tokens=cfg.max_tokens_per_micro_batch,
     )  # fmt: skip
     shape = (n_prop, aux.response_length)
     prop_old = torch.zeros(shape)

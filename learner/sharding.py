@@ -14,6 +14,9 @@ stays within the budget, so a long row never multiplies by a fixed row count (a 
 budget runs alone). With a budget the shares of ALL ranks are packed (deterministically, on every
 rank) and the largest count is everyone's count.
 
+`split_micro_batches` applies the same split to rows whose owner is already decided (the SMRC-SD
+teacher pass scores, under its own lengths, the rows the actor pass gave each rank).
+
 Pure torch on index tensors: no config, no process group.
 """
 
@@ -52,6 +55,15 @@ def _split(lengths: torch.Tensor, mine: torch.Tensor, micro_rows: int, max_token
     if max_tokens is None:
         return list(mine.split(micro_rows))
     return list(mine.split(pack_by_tokens(lengths[mine].tolist(), max_tokens)))
+
+
+def split_micro_batches(
+    lengths: torch.Tensor, rows: torch.Tensor, *, micro_rows: int, max_tokens: int | None = None
+) -> list[torch.Tensor]:
+    """`rows` (already assigned to this rank), stably sorted by length and split into groups of
+    `micro_rows` rows, or packed by `max_tokens` when given (`pack_by_tokens`). No padding: a pass
+    whose ownership is decided elsewhere (the teacher pass) pads to equal counts itself."""
+    return _split(lengths, rows[torch.argsort(lengths[rows], stable=True)], micro_rows, max_tokens)
 
 
 def shard_micro_batches(

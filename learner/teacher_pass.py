@@ -8,7 +8,6 @@ denominator through `MicroBatchView.global_matched_tokens`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import torch
 from learner.batch import collate_rows, select_rows, teacher_rows
 from learner.config import DistillConfig
 from learner.distill import RoutedSDLoss
+from learner.sharding import split_micro_batches
 from learner.types import Chunk, TokenBatch, TrainRow
 
 
@@ -38,14 +38,18 @@ def build_sd_loss(sd: DistillConfig) -> RoutedSDLoss | None:
     )  # fmt: skip
 
 
-def teacher_chunks(mine: Sequence[torch.Tensor], *, rank: int, micro_rows: int) -> list[Chunk]:
-    """Micro-batches of rank `rank` over the teacher rows, given every rank's teacher-row
-    positions `mine` (in batch order): split in order, padded with (teacher row 0, real=False) to
-    the largest count of any rank. A rank that owns no teacher row gets padding only."""
-    count = max(math.ceil(len(m) / micro_rows) for m in mine)
-    own = mine[rank]
-    chunks = [(c, True) for c in own.split(micro_rows)] if len(own) else []
-    return chunks + [(torch.zeros(1, dtype=torch.long), False)] * (count - len(chunks))
+def teacher_chunks(
+    lengths: torch.Tensor, mine: Sequence[torch.Tensor], *, rank: int, micro_rows: int, max_tokens: int | None = None
+) -> list[Chunk]:
+    """Micro-batches of rank `rank` over the teacher rows, given the teacher rows' token counts
+    `lengths` and every rank's teacher-row positions `mine`: each rank's rows sorted by length and
+    split into `micro_rows` rows, or packed by `max_tokens` (`split_micro_batches`, as the actor
+    pass), then padded with (the shortest teacher row, real=False) to the largest count of any
+    rank. A rank that owns no teacher row gets padding only."""
+    split = [split_micro_batches(lengths, m, micro_rows=micro_rows, max_tokens=max_tokens) for m in mine]
+    count = max(len(s) for s in split)
+    padding = torch.argsort(lengths, stable=True)[:1]
+    return [(c, True) for c in split[rank]] + [(padding, False)] * (count - len(split[rank]))
 
 
 @torch.no_grad()
@@ -58,13 +62,16 @@ def teacher_logprobs(
     micro_rows: int,
     pad_token_id: int,
     policy: Callable[[TokenBatch], torch.Tensor],
+    max_tokens: int | None = None,
 ) -> TeacherPass:
     """Part of the step's no-grad pass: the rows with `teacher_prompt_ids` that this rank trains
     on (`owned[r]`: (N,) bool rows of rank r, for every rank) are re-scored by `policy` (response
     log-probs at theta_old) under the teacher prompt (left-padded) + the IDENTICAL response ids
     (and the same allowed-id constraint). Needed in "sampler" mode too (only these rows are
-    forwarded then). Every rank runs the same number of forwards (zero-weight repeats of one
-    teacher row pad the short ranks) so ZeRO collectives line up."""
+    forwarded then). The teacher rows are packed by `max_tokens` (`learner.max_tokens_per_micro_batch`)
+    under their own lengths (teacher prompt + response), else split into `micro_rows` rows. Every
+    rank runs the same number of forwards (zero-weight repeats of one teacher row pad the short
+    ranks) so ZeRO collectives line up."""
     match = torch.tensor([r.teacher_prompt_ids is not None for r in rows], dtype=torch.bool)
     teacher_logp = torch.zeros(batch.num_rows, batch.response_length)
     if not bool(match.any()):
@@ -72,7 +79,8 @@ def teacher_logprobs(
     matched = torch.nonzero(match).squeeze(-1)  # batch row of each teacher row
     t_batch = collate_rows(teacher_rows(rows), pad_token_id=pad_token_id)
     mine = [torch.nonzero(o[matched]).squeeze(-1) for o in owned]  # teacher-row positions per rank
-    for t_idx, real in teacher_chunks(mine, rank=rank, micro_rows=micro_rows):
+    t_lengths = t_batch.attention_mask.sum(-1)
+    for t_idx, real in teacher_chunks(t_lengths, mine, rank=rank, micro_rows=micro_rows, max_tokens=max_tokens):
         t_micro = select_rows(t_batch, t_idx)
         logp = policy(t_micro)
         if real:

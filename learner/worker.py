@@ -263,7 +263,7 @@ class LearnerWorker:
         ]
         return teacher_logprobs(
             rows, batch, owned, rank=self.rank, micro_rows=micro, pad_token_id=self._pad_id,
-            policy=self._policy_logp,
+            policy=self._policy_logp, max_tokens=self.cfg.max_tokens_per_micro_batch,
         )  # fmt: skip
 
     def _uniskill_pass(

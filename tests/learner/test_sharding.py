@@ -111,8 +111,18 @@ def test_owned_rows_partition_the_batch(world):
 
 
 def test_teacher_chunks_pad_a_rank_without_teacher_rows():
+    lengths = torch.tensor([5, 3, 4])
     mine = [torch.tensor([0, 1, 2]), torch.zeros(0, dtype=torch.long)]
-    r0 = teacher_chunks(mine, rank=0, micro_rows=2)
-    r1 = teacher_chunks(mine, rank=1, micro_rows=2)
-    assert [(i.tolist(), real) for i, real in r0] == [([0, 1], True), ([2], True)]
-    assert [(i.tolist(), real) for i, real in r1] == [([0], False), ([0], False)]
+    r0 = teacher_chunks(lengths, mine, rank=0, micro_rows=2)
+    r1 = teacher_chunks(lengths, mine, rank=1, micro_rows=2)
+    assert [(i.tolist(), real) for i, real in r0] == [([1, 2], True), ([0], True)]  # sorted by length
+    assert [(i.tolist(), real) for i, real in r1] == [([1], False), ([1], False)]  # the shortest row pads
+
+
+def test_teacher_chunks_pack_by_the_token_budget():
+    lengths = torch.tensor([10, 2, 3, 9, 4, 30])
+    mine = [torch.tensor([0, 1, 2, 5]), torch.tensor([3, 4])]
+    r0 = teacher_chunks(lengths, mine, rank=0, micro_rows=8, max_tokens=20)
+    r1 = teacher_chunks(lengths, mine, rank=1, micro_rows=8, max_tokens=20)
+    assert [(i.tolist(), real) for i, real in r0] == [([1, 2], True), ([0], True), ([5], True)]
+    assert [(i.tolist(), real) for i, real in r1] == [([4, 3], True), ([1], False), ([1], False)]

@@ -147,3 +147,35 @@ def test_config_validation():
     with pytest.raises(ValueError):
         DistillConfig(bogus=1)
     assert LearnerConfig().sd.coef == 0.0
+
+
+def test_token_budget_leaves_the_teacher_pass_and_the_update_unchanged(tiny_model_dir, make_rows, monkeypatch):
+    # The teacher rows are packed by learner.max_tokens_per_micro_batch under their own (longer)
+    # lengths, as the actor pass is: the teacher log-probs, the SD loss and the weights do not move.
+    import learner.teacher_pass as tp
+
+    rows = with_teacher(make_rows(), lambda i, r: (7, 8, 9) * (1 + i % 4) + r.prompt_ids if i % 2 == 0 else None)
+    sizes: list[list[int]] = []
+    real_chunks = tp.teacher_chunks
+
+    def recording_chunks(*args, **kwargs):
+        chunks = real_chunks(*args, **kwargs)
+        sizes.append([len(idx) for idx, _ in chunks])
+        return chunks
+
+    monkeypatch.setattr(tp, "teacher_chunks", recording_chunks)
+    results = []
+    for budget in (None, 40, 1):
+        w = LearnerWorker(cfg(0.5, max_tokens_per_micro_batch=budget), str(tiny_model_dir))
+        teacher, _, _ = teacher_and_old(w, rows)
+        m = w.train_step(rows)
+        results.append((teacher.teacher_logp, m, params(w)))
+    fixed, packed, one_each = sizes[::2]  # each worker runs the teacher pass twice
+    assert fixed == [4, 2] and packed != fixed and set(one_each) == {1}  # the budget reached the pass
+    logp0, m0, p0 = results[0]
+    assert (logp0 != 0).any() and m0.extra_losses["sd"] > 0
+    for logp, m, p in results[1:]:
+        torch.testing.assert_close(logp, logp0, atol=1e-5, rtol=0)
+        assert m.extra_losses["sd"] == pytest.approx(m0.extra_losses["sd"], rel=1e-5, abs=1e-7)
+        assert m.loss == pytest.approx(m0.loss, abs=1e-5)
+        assert max_param_diff(p, p0) < 1e-6
