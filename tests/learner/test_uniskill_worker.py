@@ -484,3 +484,47 @@ def test_wholly_forced_anchor_turn_counts_for_coverage_not_for_j(tiny_model_dir,
     (s,) = w.train_step(rows, [proposal(tok, "a", "add")], [req]).proposal_scores
     assert s.coverage_plus == 1.0 and s.r_align is not None
     assert s.delta_plus == pytest.approx(d_plus, abs=1e-5)
+
+
+def test_token_budget_leaves_the_proposer_passes_unchanged(tiny_model_dir, tok, make_rows, monkeypatch):
+    # The scoring pass and the proposer update pack by learner.max_tokens_per_micro_batch, as the
+    # actor pass does: R_align, the proposer losses and the weights do not depend on the split.
+    import learner.proposer_loss as pl
+    import learner.proposer_pass as pp
+
+    sizes: dict[str, list[int]] = {"scoring": [], "update": []}
+
+    def recording(real, key):
+        def shard(*args, **kwargs):
+            chunks = real(*args, **kwargs)
+            sizes[key].extend(len(idx) for idx, _ in chunks)
+            return chunks
+        return shard
+
+    monkeypatch.setattr(pp, "shard_micro_batches", recording(pp.shard_micro_batches, "scoring"))
+    monkeypatch.setattr(pl, "shard_micro_batches", recording(pl.shard_micro_batches, "update"))
+    rows = anchor_rows(tok) + make_rows()[:6]
+    props = [proposal(tok, "a", "add"), proposal(tok, "b", "no_edit", r_op=-ETA), proposal(tok, "e", "update")]
+    align = [request(tok, rows, "a"), request(tok, rows, "e")]
+    runs = []
+    for budget in (None, 100, 1):
+        for v in sizes.values():
+            v.clear()
+        w = LearnerWorker(cfg(max_tokens_per_micro_batch=budget, mini_batch_rows=len(rows) // 2 + 1,
+                              proposer={"beta_kl": 0.02}), str(tiny_model_dir))  # fmt: skip
+        m = w.train_step(rows, props, align)
+        runs.append((params(w), m, {k: list(v) for k, v in sizes.items()}))
+    p0, m0, fixed = runs[0]
+    assert max(fixed["scoring"]) == 4 and set(runs[2][2]["scoring"]) == set(runs[2][2]["update"]) == {1}
+    assert runs[1][2]["scoring"] != fixed["scoring"]  # the budget reached both passes
+    assert all(s.r_align is not None for s in m0.proposal_scores if s.candidate_id != "b")
+    for p, m, _ in runs[1:]:
+        assert max_param_diff(p0, p) < 1e-6
+        assert m.loss == pytest.approx(m0.loss, rel=1e-5, abs=1e-6)
+        for a, b in zip(m.proposal_scores, m0.proposal_scores):
+            assert a.valid == b.valid
+            assert (a.r_align is None) == (b.r_align is None)
+            if a.r_align is not None:
+                assert a.r_align == pytest.approx(b.r_align, abs=1e-5)
+        for key in ("prop_loss", "prop_pg_loss", "prop_sup_loss", "prop_kl_loss"):
+            assert m.extra_metrics[key] == pytest.approx(m0.extra_metrics[key], rel=1e-5, abs=1e-6)
