@@ -223,7 +223,7 @@ def _rendezvous(multi_node: bool) -> tuple[str, int, str, str]:
     node_id = ray.get_runtime_context().get_node_id()
     if multi_node:
         addr = ray.util.get_node_ip_address()
-        port = _free_port(addr)
+        port = free_tcp_port(addr)
         return addr, port, f"tcp://{addr}:{port}", node_id
     addr = "127.0.0.1"
     with socket.socket() as sock:  # on one node only an environment variable for DeepSpeed: nothing binds it
@@ -243,7 +243,9 @@ below Linux's default ephemeral range (32768-60999), so no outgoing connection t
 the probe and rank 0's bind."""
 
 
-def _free_port(addr: str) -> int:
+def free_tcp_port(addr: str, *, purpose: str = "the learner rendezvous") -> int:
+    """A port of `addr` free now, drawn from `TCP_PORTS` (a store server binds it later: the learner
+    rendezvous, and the weight-sync group's TCPStore across nodes, `deploy.weight_sync`)."""
     import random
     import socket
 
@@ -255,7 +257,7 @@ def _free_port(addr: str) -> int:
             except OSError:
                 continue
         return port
-    raise RuntimeError(f"no free port in {TCP_PORTS[0]}-{TCP_PORTS[1] - 1} on {addr} for the learner rendezvous")
+    raise RuntimeError(f"no free port in {TCP_PORTS[0]}-{TCP_PORTS[1] - 1} on {addr} for {purpose}")
 
 
 def _remove_file(path: str) -> None:

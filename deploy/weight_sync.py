@@ -40,24 +40,23 @@ class WeightSyncFailed(RuntimeError):
 def _rendezvous(multi_node: bool) -> tuple[str, int, str | None]:
     """Runs on learner rank 0's node: (address, free port, FileStore path or None). One node:
     loopback and a store file (nothing listens on the network; named so the driver's reaper
-    deletes it). Several nodes: this node's address and a port for rank 0's TCPStore."""
+    deletes it; the port is unused). Several nodes: this node's address and a port for rank 0's
+    TCPStore, drawn as the learner rendezvous draws its own (`deploy.topology.free_tcp_port`: outside
+    Ray's and the kernel's ephemeral ranges, so it stays free until rank 0 binds it)."""
     import os
-    import socket
     import tempfile
     from pathlib import Path
 
     import ray
 
     from deploy.reaper import RENDEZVOUS_PREFIX, TOKEN_VAR
+    from deploy.topology import free_tcp_port
 
-    host = ray.util.get_node_ip_address() if multi_node else "127.0.0.1"
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port = sock.getsockname()[1]
     if multi_node:
-        return host, port, None
+        host = ray.util.get_node_ip_address()
+        return host, free_tcp_port(host, purpose="the weight-sync store"), None
     owner = f"{os.environ[TOKEN_VAR]}-" if TOKEN_VAR in os.environ else ""
-    return host, port, str(Path(tempfile.gettempdir()) / f"{RENDEZVOUS_PREFIX}{owner}weights-{uuid.uuid4().hex}")
+    return "127.0.0.1", 0, str(Path(tempfile.gettempdir()) / f"{RENDEZVOUS_PREFIX}{owner}weights-{uuid.uuid4().hex}")
 
 
 def _wait_all(refs: Sequence[Any], names: Sequence[str], *, timeout_s: float) -> tuple[list, dict[str, str]]:

@@ -40,7 +40,8 @@ class GroupSpec:
     host: str = "127.0.0.1"
     """Rank 0's address: the TCPStore's host, and the interface the members route from."""
     port: int = 0
-    """TCPStore port (rank 0 opened it; see `open_tcp_store`)."""
+    """TCPStore port: rank 0 binds it. Drawn free on rank 0's node outside Ray's and the kernel's
+    ephemeral ranges, as the learner rendezvous draws its port (`deploy.topology.free_tcp_port`)."""
     backend: str = "auto"
     """"gloo", "nccl", or "auto" (nccl when CUDA is available, else gloo)."""
 
@@ -56,14 +57,6 @@ class GroupSpec:
 
 def _timeout(spec: GroupSpec) -> datetime.timedelta:
     return datetime.timedelta(seconds=spec.timeout_s)
-
-
-def open_tcp_store(host: str, world_size: int, timeout_s: float) -> torch.distributed.TCPStore:
-    """Rank 0's store server for a cross-node group (it listens on `host`'s port, picked free)."""
-    import torch.distributed as dist
-
-    return dist.TCPStore(host, 0, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
 
 
 def local_address_towards(host: str) -> str:

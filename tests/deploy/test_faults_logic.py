@@ -215,9 +215,9 @@ def test_a_collective_whose_peer_never_joins_errors_out_within_its_timeout(tmp_p
     """Rank 0 of a 2-rank group whose rank 1 never comes: init_process_group raises after the
     configured timeout instead of waiting forever, on one node (FileStore) and across nodes (a
     TCPStore served by rank 0)."""
-    from deploy.topology import _free_port
+    from deploy.topology import free_tcp_port
 
-    where = str(tmp_path / "store") if rendezvous == "file" else f"tcp://127.0.0.1:{_free_port('127.0.0.1')}"
+    where = str(tmp_path / "store") if rendezvous == "file" else f"tcp://127.0.0.1:{free_tcp_port('127.0.0.1')}"
     code = f"""
 import time
 from learner.backends import init_process_group_on_node
