@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -147,7 +147,7 @@ class TorchBackend:
     def __init__(self, cfg: LearnerConfig, model: torch.nn.Module | ModelLoader, *, world_size: int = 1) -> None:
         if world_size != 1:
             raise ValueError("use_deepspeed=False supports world_size=1 only")
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = assigned_device()
         self.module = _materialise(cfg, model, self.device, None).to(self.device)
         self.module.train()
         self._cfg = cfg
@@ -201,15 +201,59 @@ class TorchBackend:
         return state["client_state"]
 
 
+NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
+
+def cuda_ordinal(env: Mapping[str, str], assigned: Sequence[str | int], device_count: int) -> int:
+    """The CUDA ordinal (index among this process's visible devices) of the GPU Ray assigned.
+
+    `assigned`: `ray.get_gpu_ids()` (empty outside a Ray actor: the first visible GPU). Ray sets
+    CUDA_VISIBLE_DEVICES to the assigned ids, so an actor with one GPU sees it as ordinal 0
+    whatever its rank; the ordinal is the first assigned id's position in that list (its id when
+    the variable is unset). With NOSET_VISIBLE_DEVICES Ray leaves the variable alone and every
+    rank would see every GPU: refused, because nothing then says which GPU is this rank's."""
+    if env.get(NOSET_VISIBLE_DEVICES, "") not in ("", "0"):
+        raise RuntimeError(
+            f"{NOSET_VISIBLE_DEVICES} is set: Ray then leaves CUDA_VISIBLE_DEVICES alone and every learner "
+            f"rank sees every GPU; unset it so each rank sees only the GPU Ray assigned it"
+        )
+    if not assigned:
+        return 0
+    first = str(assigned[0])
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible is not None else [str(i) for i in range(device_count)]
+    if first not in ids:
+        raise RuntimeError(f"Ray assigned GPU {first}, but CUDA_VISIBLE_DEVICES={visible!r} does not list it")
+    ordinal = ids.index(first)
+    if ordinal >= device_count:
+        raise RuntimeError(f"Ray assigned GPU {first} (ordinal {ordinal}), but torch sees {device_count} GPU(s)")
+    return ordinal
+
+
+def _ray_gpu_ids() -> list[str | int]:
+    """The GPUs Ray assigned this process; [] outside a Ray worker."""
+    import ray
+
+    return list(ray.get_gpu_ids()) if ray.is_initialized() else []
+
+
+def assigned_device() -> torch.device:
+    """This process's training device: the GPU Ray assigned (`cuda_ordinal`), or the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", cuda_ordinal(os.environ, _ray_gpu_ids(), torch.cuda.device_count()))
+
+
 def set_distributed_env(
     *, rank: int, world_size: int, master_addr: str, master_port: int, local_rank: int | None = None
 ) -> None:
     """DeepSpeed reads these (without them it tries MPI discovery and fails). The explicit
     arguments overwrite values already in the environment: a stale WORLD_SIZE inherited from a
     parent process would otherwise silently start the wrong topology. LOCAL_RANK defaults to
-    rank modulo the visible GPUs (0 for a Ray actor that sees one GPU), or rank on CPU."""
+    the ordinal of the GPU Ray assigned (`assigned_device`: 0 for a Ray actor that sees only its
+    GPU), or rank on CPU."""
     if local_rank is None:
-        local_rank = rank % torch.cuda.device_count() if torch.cuda.is_available() else rank
+        local_rank = assigned_device().index if torch.cuda.is_available() else rank
     os.environ["RANK"] = str(rank)
     os.environ["LOCAL_RANK"] = str(local_rank)
     os.environ["WORLD_SIZE"] = str(world_size)

@@ -14,7 +14,7 @@ import torch
 
 from learner.config import LearnerConfig
 from weightsync.group import GroupSpec, WeightGroup
-from weightsync.protocol import SyncStats, dtype_of, send_weights
+from weightsync.protocol import SyncStats, dtype_of, release_cached_memory, send_weights
 from weightsync.stream import parameter_stream
 
 
@@ -57,7 +57,10 @@ class WeightSender:
                 for _ in stream:  # keep the other ranks' gathers matched before failing
                     pass
             raise RuntimeError("broadcast_weights before join_weight_group on learner rank 0")
-        return send_weights(self._group, metas, stream, bucket_bytes=int(bucket_mb * (1 << 20)))
+        try:
+            return send_weights(self._group, metas, stream, bucket_bytes=int(bucket_mb * (1 << 20)))
+        finally:
+            release_cached_memory()
 
     def close(self) -> None:
         group, self._group = self._group, None

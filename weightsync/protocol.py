@@ -145,6 +145,14 @@ def receive_weights(group: WeightGroup) -> Iterator[list[tuple[str, torch.Tensor
         yield out
 
 
+def release_cached_memory() -> None:
+    """Hand the CUDA caching allocator's free blocks back to the driver after a sync: its buckets
+    (one `sync.bucket_mb` bucket at a time, plus the receiver's copies) would otherwise stay
+    reserved beside the engine's KV cache or the learner's activations. A no-op without CUDA."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def metas_of(named: Iterable[tuple[str, torch.Tensor]], *, dtype: torch.dtype | None = None) -> list[TensorMeta]:
     """Header entries for (name, tensor) pairs; a ZeRO-3 partitioned parameter reports its full
     shape through `ds_shape`. `dtype` overrides the wire dtype (e.g. the engine's)."""

@@ -22,7 +22,7 @@ from rollout_workers.engines.constraint import (
 )
 from rollout_workers.types import Generation
 from weightsync.group import GroupSpec, WeightGroup
-from weightsync.protocol import receive_weights
+from weightsync.protocol import receive_weights, release_cached_memory
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -107,12 +107,15 @@ class HFEngine:
             raise RuntimeError("receive_weights before join_weight_group")
         params = dict(self.model.named_parameters())
         count = 0
-        for bucket in receive_weights(group):
-            for name, tensor in bucket:
-                if name not in params:
-                    raise KeyError(f"weight sync sent {name!r}, which this model does not have")
-                params[name].copy_(tensor)
-                count += 1
+        try:
+            for bucket in receive_weights(group):
+                for name, tensor in bucket:
+                    if name not in params:
+                        raise KeyError(f"weight sync sent {name!r}, which this model does not have")
+                    params[name].copy_(tensor)
+                    count += 1
+        finally:
+            release_cached_memory()
         if count != len(params):
             raise RuntimeError(f"weight sync loaded {count} of the model's {len(params)} parameters")
         return count

@@ -7,16 +7,22 @@ own `load_weights` slices them). Received buckets feed vLLM's in-place reload
 (`Worker.reload_weights(weights_iterator=...)`: the model's own `load_weights`, wrapped layer by
 layer so kernel-format post-processing is redone), then the CPU backend's packed copy of a tied
 lm_head is refreshed (`repack_lm_head`, see engines/vllm_engine.py). No file is written.
+
+On a model with tied embeddings vLLM's reload warns "ParallelLMHead: Failed to load weights" at
+every sync: the stream carries the embedding once (as the learner's state dict does), the tied
+head receives nothing under its own name and vLLM puts its kernel tensors back, which are the
+embedding's, just reloaded. `TiedHeadReloadFilter` drops that one line on such models.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import torch
 
 from weightsync.group import GroupSpec, WeightGroup
-from weightsync.protocol import receive_weights
+from weightsync.protocol import receive_weights, release_cached_memory
 
 WORKER_EXTENSION = "rollout_workers.engines.vllm_sync.WeightSyncExtension"
 
@@ -30,6 +36,37 @@ def repack_lm_head(worker) -> bool:
     if type(method).__name__ != "UnquantizedEmbeddingMethod":
         return False
     method.process_weights_after_loading(head)
+    return True
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+"""The logger of vLLM's layerwise reload (`model_loader/reload/layerwise.py`)."""
+
+
+class TiedHeadReloadFilter(logging.Filter):
+    """Drops vLLM's reload warning about the lm_head of a tied-embedding model (harmless there: the
+    head shares the embedding's weight, which the same sync reloaded); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args == ("ParallelLMHead",))
+
+
+def ties_lm_head(model: torch.nn.Module) -> bool:
+    """Whether the model's lm_head shares its weight with the input embedding."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    weight = getattr(head, "weight", None)
+    return weight is not None and weight is getattr(embed, "weight", None)
+
+
+def silence_tied_head_warning(model: torch.nn.Module) -> bool:
+    """Install `TiedHeadReloadFilter` on vLLM's reload logger (once) when `model` ties its lm_head;
+    returns whether it did (an untied head that fails to load stays a warning)."""
+    if not ties_lm_head(model):
+        return False
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, TiedHeadReloadFilter) for f in logger.filters):
+        logger.addFilter(TiedHeadReloadFilter())
     return True
 
 
@@ -47,6 +84,7 @@ class WeightSyncExtension:
         if not isinstance(device, torch.device) or device.type not in ("cuda", "cpu"):
             device = None
         self._weight_group = WeightGroup(spec, rank, device=device)
+        silence_tied_head_warning(getattr(self, "worker", self).model_runner.get_model())
         return rank
 
     def weight_sync_receive(self) -> int:
@@ -64,8 +102,11 @@ class WeightSyncExtension:
                     count += 1
                     yield name, tensor.clone()  # the layerwise reload may hold it past this bucket
 
-        self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
-        repack_lm_head(self)
+        try:
+            self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
+            repack_lm_head(self)
+        finally:
+            release_cached_memory()
         return count
 
     def weight_sync_repack(self) -> bool:
