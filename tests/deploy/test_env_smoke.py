@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.shared_runs_b import CONFIGS, HF_ENGINE, alfworld_files_run, shared_run
+from tests.deploy.shared_runs import CONFIGS, alfworld_files_run, shared_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
 
 def _run(factory, config: Path, model: Path, *extra: str) -> Path:
     """One training step plus the final evaluation (shared by the session's requests for it)."""
-    return shared_run(factory, config, f"model.path={model}", HF_ENGINE, "run.total_steps=1", "eval.at_end=true",
+    return shared_run(factory, config, f"model.path={model}", "run.total_steps=1", "eval.at_end=true",
                       "run.save_trajectories=true", *extra)
 
 

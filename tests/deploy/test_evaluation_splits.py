@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.deploy.shared_runs_b import alfworld_files_run
+from tests.deploy.shared_runs import alfworld_files_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 

@@ -18,7 +18,7 @@ import pytest
 
 from skillbank_service.config import SkillBankConfig
 from skillbank_service.types import CriticVerdict, ScoredProposal
-from tests.deploy.shared_runs_a import train_cmd
+from tests.deploy.shared_runs import train_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "faults_skillbank"

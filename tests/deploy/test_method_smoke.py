@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.deploy.shared_runs_a import shared_run
+from tests.deploy.shared_runs import shared_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

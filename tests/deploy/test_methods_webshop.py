@@ -21,7 +21,7 @@ from rollout_workers.engines.hf_engine import HFEngine
 from rollout_workers.episode import Episode
 from rollout_workers.loop import run_episodes
 from rollout_workers.types import Generation
-from tests.deploy.shared_runs_a import shared_run
+from tests.deploy.shared_runs import shared_run
 
 TINY = TinyModelConfig(
     vocab_size=300,

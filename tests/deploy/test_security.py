@@ -13,7 +13,7 @@ import ipaddress
 
 import pytest
 
-from tests.deploy.shared_runs_a import CRITIC_KEY, uniskill_live_run
+from tests.deploy.shared_runs import CRITIC_KEY, uniskill_live_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray, pytest.mark.redis]
 

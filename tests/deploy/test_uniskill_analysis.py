@@ -360,7 +360,7 @@ def test_ralign_vs_rollout_cli_on_local_ray(tmp_path):
 
     from deploy.config_loading import load_config
     from envs.tasks import sample_tasks
-    from tests.deploy.shared_runs_a import HF_ENGINE
+    from tests.deploy.shared_runs import HF_ENGINE
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.shared_runs_a import CONFIGS, shared_run, uniskill_live_run
+from tests.deploy.shared_runs import CONFIGS, shared_run, uniskill_live_run
 
 VARIANTS = ["actor_only", "proposer_only", "no_r_align", "no_support_reg", "uniskill_smrc_sd"]
 

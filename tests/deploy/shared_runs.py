@@ -1,4 +1,5 @@
-"""Training runs shared by the end-to-end tests of methods, UniSkill, skill-bank faults and security:
+"""Training runs shared by the end-to-end tests (methods, UniSkill, skill-bank faults, security,
+environments and evaluation splits):
 one `python -m deploy train` per distinct (config, overrides, extra environment) per test session,
 so that tests checking different properties of the same run read its artifacts instead of training
 again. The cache lives in this module (a session imports it once): a session-scoped fixture
@@ -167,3 +168,18 @@ def _watch_uniskill_run(tmp: Path, model: Path) -> LiveRun:
             if proc.poll() is None:
                 proc.kill()
     return LiveRun(run, returncode, log_path.read_text(), probe.result, seen)
+
+
+# ---- ALFWorld game files ------------------------------------------------------------------------
+
+
+def alfworld_files_run(factory: pytest.TempPathFactory, model: Path, data_dir: Path) -> Path:
+    """smoke_cpu_alfworld_files.yaml (the embedded simulator on ALFWorld game files), one GRPO step,
+    set up as a paper config evaluates: `env.data_path: ${ALFWORLD_DATA}` from the environment, the
+    full valid_seen and valid_unseen splits, TensorBoard and W&B (offline). test_env_smoke checks
+    its step and evaluation counts, test_evaluation_splits its per-split outputs."""
+    return shared_run(factory, CONFIGS / "smoke_cpu_alfworld_files.yaml", f"model.path={model}",
+                      "run.total_steps=1", "eval.at_end=true", "run.save_trajectories=true",
+                      "env.data_path=${ALFWORLD_DATA}", "eval.splits=[valid_seen, valid_unseen]", "eval.num_tasks=all",
+                      "run.loggers=[tensorboard, wandb]",
+                      env={"ALFWORLD_DATA": str(data_dir), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
