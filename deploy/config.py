@@ -147,6 +147,20 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _broadcast_needs_whole_gpus(self) -> TrainConfig:
+        """Every member of the weight-sync group needs a GPU of its own: NCCL refuses two ranks of
+        one group on one GPU, which fractional ray.rollout_gpus / ray.learner_gpus would produce."""
+        if self.sync.method != "broadcast":
+            return self
+        for key in ("rollout_gpus", "learner_gpus"):
+            gpus = getattr(self.ray, key)
+            if 0 < gpus < 1:
+                raise ValueError(f"sync.method=broadcast needs a whole GPU per weight-sync member (NCCL refuses two "
+                                 f"ranks on one GPU), but ray.{key}={gpus:g} shares GPUs; colocated placement is not "
+                                 "available yet; use sync.method=object_store")
+        return self
+
+    @model_validator(mode="after")
     def _pools_hold_a_group(self) -> TrainConfig:
         """Episodes run in waves of whole groups, so each worker's pools must hold one group."""
         r = self.ray

@@ -1,5 +1,6 @@
 """Config tree: YAML + dotted overrides, typos name the key, bad model paths name the fix."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +171,15 @@ def test_escaped_surrogate_pairs_join_and_a_lone_surrogate_names_the_key(tmp_pat
     save_resolved(cfg, tmp_path)
     with pytest.raises(ConfigError, match=r"run\.name=.*lone UTF-16 surrogate"):
         load_config(None, ['run.name="\\udc00"'])
+
+
+@pytest.mark.parametrize("key", ["ray.rollout_gpus", "ray.learner_gpus"])
+def test_broadcast_sync_refuses_shared_gpus_and_names_the_alternative(key):
+    # NCCL refuses two ranks of one group on one GPU: fractional GPUs cannot broadcast
+    escaped = re.escape(f"{key}=0.5")
+    with pytest.raises(ConfigError, match=rf"sync\.method=broadcast.*{escaped} shares GPUs; colocated "
+                                          r"placement is not available yet; use sync\.method=object_store"):
+        load_config(None, [f"{key}=0.5", "sync.method=broadcast"])
+    assert load_config(None, [f"{key}=0.5", "sync.method=object_store"]).sync.method == "object_store"
+    assert load_config(None, [f"{key}=1", "sync.method=broadcast"]).sync.method == "broadcast"
+    assert load_config(None, [f"{key}=0", "sync.method=broadcast"]).sync.method == "broadcast"  # CPU: gloo
