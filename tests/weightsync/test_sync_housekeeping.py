@@ -7,7 +7,12 @@ import logging
 
 import torch
 
-from rollout_workers.engines.vllm_sync import RELOAD_LOGGER, TiedHeadReloadFilter, silence_tied_head_warning, ties_lm_head
+from rollout_workers.engines.vllm_sync import (
+    RELOAD_LOGGER,
+    TiedHeadReloadFilter,
+    silence_tied_head_warning,
+    ties_lm_head,
+)
 from weightsync.protocol import release_cached_memory
 
 
