@@ -17,6 +17,7 @@ from pathlib import Path
 
 from envs.types import EnvStep, TaskSpec
 from learner.worker import LearnerWorker
+from rollout_workers.worker import files_digest
 
 RESET_ATTEMPTS = 12
 RESET_BACKOFF_S = 0.5
@@ -83,10 +84,12 @@ class RemoteEnvPool:
 class LearnerActor(LearnerWorker):
     """LearnerWorker plus byte-level weight export for cross-node sync."""
 
-    def export_weight_files(self) -> tuple[dict[str, bytes], int]:
-        """(files, number of files): called with `num_returns=2`, so the driver can wait on the
-        small count (and see a failure) without pulling the weights to its node."""
+    def export_weight_files(self) -> tuple[dict[str, bytes], str]:
+        """(files, their digest): called with `num_returns=2`, so the driver can wait on the small
+        digest (and see a failure) without pulling the weights to its node. The digest
+        (`files_digest`, computed once here) is what an engine that loads these files reports
+        back: equal digests mean the engine holds exactly these weights."""
         with tempfile.TemporaryDirectory(prefix="agentrl-export-") as tmp:
             self.export_weights(tmp)
             files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
-        return files, len(files)
+        return files, files_digest(files)
