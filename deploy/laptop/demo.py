@@ -6,7 +6,8 @@ Every stage's work is a count of steps, never a time budget, so for a given seed
 not depend on the machine's speed or load. The demo can be run again into the same directory: it
 first reads OUT/demo_state.json (the config the directory was started with and the stages that
 finished, rewritten atomically after each stage) and skips the finished stages, continues GRPO from
-its last checkpoint, or starts afresh when the directory holds another config's demo or none.
+its last checkpoint, or starts afresh when the directory holds no demo. It never clears a directory:
+one that holds another config's demo is refused with a one-line ConfigError.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.config import TrainConfig
+from deploy.config_loading import ConfigError
 from deploy.evaluation import EvalResult, paired_difference
 from deploy.plots import save_figure
 from deploy.runner import console, print_eval, run_eval_command, run_training
@@ -27,7 +29,7 @@ from deploy.trainer import TrainerState, latest_checkpoint
 
 STATE_FILE = "demo_state.json"
 OUTPUTS = ("base", "eval", "sft", "rl", "plots", "demo_summary.json")
-"""What a demo writes under OUT (besides its state file); starting afresh removes exactly these."""
+"""What a demo writes under OUT (besides its state file and logs/)."""
 
 
 def _with(cfg: TrainConfig, **sections) -> TrainConfig:
@@ -65,11 +67,12 @@ def _config_record(cfg: TrainConfig) -> dict[str, Any]:
     return tree
 
 
-def _differing_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(a.keys() | b.keys())
-                for k in _differing_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+def _differing_keys(recorded: Any, now: Any, prefix: str = "") -> list[str]:
+    """Recorded keys whose value differs now (keys a newer version added are not compared)."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        return [k for key in sorted(recorded.keys() & now.keys())
+                for k in _differing_keys(recorded[key], now[key], f"{prefix}{key}.")]
+    return [] if recorded == now else [prefix.rstrip(".")]
 
 
 @dataclass
@@ -94,42 +97,35 @@ class DemoState:
         tmp.replace(self.path)
 
 
-def _afresh_reason(out: Path, config: dict[str, Any]) -> str | None:
-    """Why OUT cannot be continued (None: it can)."""
-    path = out / STATE_FILE
-    if not path.exists():
-        if any((out / name).exists() for name in OUTPUTS):
-            return f"holds demo outputs but no {STATE_FILE} (an older version's run)"
-        return "holds no demo"
-    try:
-        recorded = json.loads(path.read_text())["config"]
-    except (ValueError, KeyError):
-        return f"has an unreadable {STATE_FILE}"
-    changed = _differing_keys(recorded, config)
-    if changed:
-        return f"holds a demo of another config (differs in {', '.join(changed[:4])}{' ...' * (len(changed) > 4)})"
-    return None
+def _refuse(out: Path, problem: str) -> ConfigError:
+    return ConfigError(f"{out} {problem}, which this demo will not overwrite: "
+                       f"pass --out <a new directory> or delete {out}")
 
 
 def open_state(cfg: TrainConfig, out: Path) -> DemoState:
-    """Before any work: continue the demo in OUT, or clear its outputs and start afresh; says which."""
+    """Before any work: continue the demo in OUT, or start afresh when OUT holds none; says which.
+    A directory holding another config's demo, or demo outputs without a state file, is refused
+    (ConfigError), never cleared."""
     out.mkdir(parents=True, exist_ok=True)
-    config = _config_record(cfg)
-    reason = _afresh_reason(out, config)
-    if reason is None:
-        seconds = json.loads((out / STATE_FILE).read_text()).get("stage_seconds", {})
-        console.print(f"[bold]{out}[/]: continuing the demo there (finished stages: {', '.join(seconds) or 'none'})")
-        return DemoState(out / STATE_FILE, config, dict(seconds))
-    console.print(f"[bold]{out}[/] {reason}: starting afresh")
-    for name in OUTPUTS:
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    state = DemoState(out / STATE_FILE, config, {})
-    state.save()
-    return state
+    config, path = _config_record(cfg), out / STATE_FILE
+    if not path.exists():
+        if any((out / name).exists() for name in OUTPUTS):
+            raise _refuse(out, f"holds demo outputs but no {STATE_FILE} (an older version's or another tool's)")
+        console.print(f"[bold]{out}[/] holds no demo: starting afresh")
+        state = DemoState(path, config, {})
+        state.save()
+        return state
+    try:
+        recorded = json.loads(path.read_text())
+        changed = _differing_keys(recorded["config"], config)
+    except (ValueError, KeyError):
+        raise _refuse(out, f"has an unreadable {STATE_FILE}") from None
+    if changed:
+        raise _refuse(out, f"holds a demo of another config (differs in {', '.join(changed[:4])}"
+                           f"{' ...' * (len(changed) > 4)})")
+    seconds = dict(recorded.get("stage_seconds", {}))
+    console.print(f"[bold]{out}[/]: continuing the demo there (finished stages: {', '.join(seconds) or 'none'})")
+    return DemoState(path, config, seconds)
 
 
 # ---- stages -------------------------------------------------------------------------------------

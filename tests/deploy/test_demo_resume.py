@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config_loading import load_config
+from deploy.config_loading import ConfigError, load_config
 from deploy.config_sections import SFTConfig
-from deploy.laptop.demo import OUTPUTS, STATE_FILE, open_state, rl_checkpoint_step
+from deploy.laptop.demo import STATE_FILE, open_state, rl_checkpoint_step
 from deploy.laptop.sft import SFTTimeCapReached, build_model_from_env, planned_steps, run_sft
 from deploy.trainer import TrainerState
 
@@ -68,32 +68,38 @@ def test_sft_runs_exactly_its_configured_steps_and_a_time_cap_fails_instead(tiny
 
 
 # ---- the output directory's state -----------------------------------------------------------------
-def test_state_continues_the_same_config_and_starts_afresh_for_another(tmp_path, capsys):
+def test_state_continues_the_same_config_and_refuses_another(tmp_path, capsys):
     out = tmp_path / "demo"
     state = open_state(_cfg(), out)
     assert "holds no demo: starting afresh" in _err(capsys)
     state.finish("base", 12.5)
     (out / "base").mkdir()
-    (out / "logs").mkdir()
 
     again = open_state(_cfg(f"run.output_dir={tmp_path / 'moved'}"), out)  # the run dir follows OUT
     assert again.seconds == {"base": 12.5} and (out / "base").is_dir()
     assert "continuing the demo there (finished stages: base)" in _err(capsys)
 
-    other = open_state(_cfg("run.seed=1"), out)
-    assert "another config (differs in run.seed): starting afresh" in _err(capsys)
-    assert other.seconds == {} and not (out / "base").exists() and (out / "logs").is_dir()
-    assert json.loads((out / STATE_FILE).read_text())["config"]["run"]["seed"] == 1
+    with pytest.raises(ConfigError, match=r"another config \(differs in run.seed\).*pass --out"):
+        open_state(_cfg("run.seed=1"), out)
+    assert (out / "base").is_dir() and json.loads((out / STATE_FILE).read_text())["stage_seconds"] == {"base": 12.5}
 
 
-def test_outputs_of_an_older_version_without_state_are_cleared(tmp_path, capsys):
+def test_keys_a_newer_version_added_do_not_count_as_another_config(tmp_path):
+    out = tmp_path / "demo"
+    open_state(_cfg(), out).finish("base", 1.0)
+    recorded = json.loads((out / STATE_FILE).read_text())
+    del recorded["config"]["learner"]["lr"]  # as if the config had no such key when the demo started
+    (out / STATE_FILE).write_text(json.dumps(recorded))
+    assert open_state(_cfg(), out).seconds == {"base": 1.0}
+
+
+def test_outputs_without_a_state_file_are_refused_not_cleared(tmp_path):
     out = tmp_path / "demo"
     for name in ("base", "sft", "rl"):
         (out / name).mkdir(parents=True)
-    (out / "demo_summary.json").write_text("{}")
-    open_state(_cfg(), out)
-    assert f"no {STATE_FILE} (an older version's run): starting afresh" in _err(capsys)
-    assert not any((out / name).exists() for name in OUTPUTS)
+    with pytest.raises(ConfigError, match=f"no {STATE_FILE}"):
+        open_state(_cfg(), out)
+    assert all((out / name).is_dir() for name in ("base", "sft", "rl"))
 
 
 def test_rl_progress_is_the_last_complete_checkpoint(tmp_path):
