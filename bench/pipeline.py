@@ -113,6 +113,7 @@ def main() -> None:
         print(f"max_staleness={k}: load average {os.getloadavg()[0]:.1f} at start", flush=True)
         _deploy("train", "--config", str(CONFIG), "--set", f"model.path={model}", "--set", f"run.output_dir={run}",
                 "--set", f"run.total_steps={steps}", "--set", "run.progress=false", "--set", f"rollout.max_staleness={k}",
+                "--set", "run.checkpoint_every=0",  # the demo's mid-run checkpoints would stop the prefetch
                 "--set", "ray.rollout_cpus=1", "--set", "ray.learner_cpus=1", "--set", f"eval.num_tasks={eval_tasks}",
                 "--set", "eval.at_end=true")
         modes[f"max_staleness_{k}"] = {**summarize(run, steps), "run_dir": str(run), "wall_s": time.perf_counter() - t0,

@@ -186,11 +186,14 @@ def test_run_sft_mixes_teacher_turns_by_fraction(tmp_path):
     assert json.loads((zero / "sft_summary.json").read_text())["rows_by_kind"] == {"plain": plain}
 
 
-def test_run_sft_records_whether_the_time_budget_cut_it_short(tmp_path):
+def test_run_sft_runs_its_planned_steps_and_a_time_cap_fails_instead_of_cutting_short(tmp_path):
+    from deploy.laptop.sft import SFTTimeCapReached
+
     cfg = _cfg("alfworld-easy", num_tasks=6, epochs=2, batch_rows=64)
     base = build_model_from_env(cfg, tmp_path / "base", num_episodes=4)
-    cut = json.loads((run_sft(cfg, str(base), tmp_path / "cut", minutes=0) / "sft_summary.json").read_text())
-    assert cut["stopped_by"] == "time budget" and cut["optimizer_steps"] == 1 < cut["planned_steps"]
+    with pytest.raises(SFTTimeCapReached):
+        run_sft(cfg, str(base), tmp_path / "cut", minutes=1e-9)
+    assert not (tmp_path / "cut" / "sft_summary.json").exists()  # nothing saved that looks finished
     full = json.loads((run_sft(cfg, str(base), tmp_path / "full", minutes=60) / "sft_summary.json").read_text())
     assert full["stopped_by"] == "epochs" and full["optimizer_steps"] == full["planned_steps"]
 
