@@ -139,7 +139,7 @@ def test_committed_results_validate_and_say_where_they_come_from():
             assert doc.provenance == "transcribed from docs/results.md; run artifacts not preserved"
             assert doc.commit is None and doc.documented_in is not None and len(doc.documented_in) == 40
     demo = read_results(RESULTS / "demo.json")
-    assert [r.avg_at_k for r in demo.rows] == [0.016, 0.167, 0.328]  # README's "0.167 -> 0.328"
+    assert [r.avg_at_k for r in demo.rows] == [0.016, 0.167, 0.328]  # the 20-step record (docs/results.md, History)
     for name, info in read_results(RESULTS / "benchmarks.json").extra["committed"].items():
         assert (RESULTS.parent / info["json"]).is_file() and len(info["committed_in"]) == 40, name
 
