@@ -23,10 +23,10 @@ $(STAMP):
 	$(VPY) -c "import torch, vllm, deepspeed, ray; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	rm -f $(VENV)/.installed-* && touch $@
 
-# Two xdist workers: the end-to-end runs on one, one after another, the rest on the other
-# (tests/conftest.py); the 25 slowest tests are listed to keep the suite's time in view.
+# Two pytest processes side by side: the end-to-end runs one after another in one, the rest in
+# the other (tests/run_suite.sh); each lists its 15 slowest tests to keep the suite's time in view.
 test: install
-	$(VPY) -m pytest tests -q -n 2 --dist loadgroup --durations=25
+	PY=$(VPY) bash tests/run_suite.sh
 
 test-fast: install
 	$(VPY) -m pytest tests -q -n 2 -m "not slow and not e2e"

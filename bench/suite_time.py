@@ -1,11 +1,11 @@
 """Seconds of a pytest run per test area, from its JUnit XML (pytest --junitxml=FILE).
 
-    PYTEST_ADDOPTS=--junitxml=runs/junit.xml make test
-    python bench/suite_time.py runs/junit.xml [--json out.json]
+    make test      # tests/run_suite.sh writes runs/junit-rest.xml and runs/junit-e2e.xml
+    python bench/suite_time.py runs/junit-rest.xml runs/junit-e2e.xml [--json out.json]
 
 An area is the test file's folder under tests/ (tests/deploy, tests/learner, ...; files directly
-in tests/ are "tests"). Under pytest-xdist the seconds are each test's own, summed: with two workers the wall time is about
-half the total when both stay busy.
+in tests/ are "tests"). The seconds are each test's own, summed over the reports: with two pytest
+processes side by side the wall time is less than the total.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ def area(classname: str) -> str:
     return "/".join(folders) if folders else "tests"
 
 
-def summarise(junit: Path) -> dict[str, dict[str, float]]:
-    """area -> {"tests": n, "seconds": s, "failed": n, "skipped": n}."""
+def summarise(*reports: Path) -> dict[str, dict[str, float]]:
+    """area -> {"tests": n, "seconds": s, "failed": n, "skipped": n}, over every report."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, "seconds": 0.0, "failed": 0, "skipped": 0})
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    cases = [case for junit in reports for case in ET.parse(junit).getroot().iter("testcase")]
+    for case in cases:
         row = out[area(case.get("classname", ""))]
         row["tests"] += 1
         row["seconds"] += float(case.get("time", 0.0))
@@ -39,13 +40,14 @@ def summarise(junit: Path) -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("junit", type=Path)
+    ap.add_argument("junit", type=Path, nargs="+", help="JUnit XML reports (pytest --junitxml)")
     ap.add_argument("--json", type=Path, default=None, help="also write the table as JSON")
     args = ap.parse_args(argv)
-    if not args.junit.is_file():
-        print(f"error: {args.junit} does not exist: run pytest with --junitxml={args.junit} first", file=sys.stderr)
+    missing = [p for p in args.junit if not p.is_file()]
+    if missing:
+        print(f"error: {missing[0]} does not exist: run pytest with --junitxml={missing[0]} first", file=sys.stderr)
         return 2
-    table = summarise(args.junit)
+    table = summarise(*args.junit)
     total = sum(r["seconds"] for r in table.values())
     for name, r in table.items():
         print(f"{name:<28} {int(r['tests']):>5} tests {r['seconds'] / 60:>7.1f} min  {int(r['failed'])} failed")

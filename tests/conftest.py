@@ -65,13 +65,3 @@ def alfworld_data_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
             shutil.rmtree(staging, ignore_errors=True)
     return root
 
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`make test` runs two pytest-xdist workers with `--dist loadgroup`: the end-to-end runs
-    (each a whole local Ray cluster with engines and learners, about 1.5 cores) go to ONE worker,
-    one after another, while the other worker takes the rest of the suite. Two training runs at
-    once would only fight over the two cores."""
-    for item in items:
-        if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group("e2e"))

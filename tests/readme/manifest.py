@@ -88,7 +88,7 @@ MANIFEST: dict[str, Treatment] = {
                "runs/demo/plots/demo_success.png"),
         prints=(DEMO_LINE + r"\s*$",), check=_demo_summary),
     "make test": Instead(
-        "grep -qE '(^|\\s)make test$' .ci/run && make -n test | grep -qE -- '-m pytest tests( |$)'",
+        "grep -qE '(^|\\s)make test$' .ci/run && make -n test | grep -q tests/run_suite.sh && grep -qE -- '-m pytest tests( |$)' tests/run_suite.sh",
         "the suite itself (this test is part of it): check that CI's .ci/run calls it and that the target runs "
         "pytest on tests/"),
     # --- A first run ---
