@@ -58,7 +58,7 @@ def _alive(pid: int) -> bool:
 def cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, namespace="faults_skillbank_driver")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="faults_skillbank_driver")
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

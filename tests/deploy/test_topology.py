@@ -32,7 +32,8 @@ def test_rollout_gpus_must_match_tensor_parallel(overrides, message):
 
 def test_bundle_layout_one_whole_gpu_per_tensor_parallel_rank():
     assert rollout_bundles(load_config(None, ["ray.rollout_gpus=1"])) is None  # no placement group
-    assert rollout_bundles(load_config(None, ["ray.rollout_gpus=0.5"])) is None  # a shared GPU is allowed
+    # a shared GPU is allowed (with the object-store sync: NCCL refuses two ranks on one GPU)
+    assert rollout_bundles(load_config(None, ["ray.rollout_gpus=0.5", "sync.method=object_store"])) is None
     cfg = load_config(None, ["engine.tensor_parallel_size=4", "ray.rollout_gpus=4", "ray.rollout_cpus=3"])
     assert rollout_bundles(cfg) == [{"CPU": 3.0, "GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
 
