@@ -44,7 +44,9 @@ def test_engine_logs_go_to_run_logs(model, tmp_path):
     assert {"driver.log", "rollout_worker_0.log", "learner_rank0.log", "env_pool_0.log"} <= names, names
     worker = (logs / "rollout_worker_0.log").read_text()
     assert VLLM_INFO.search(worker), worker[:2000]
-    assert "ParallelLMHead" in worker  # the tied-embedding note of every weight sync
+    # vLLM's "ParallelLMHead: Failed to load weights" after every sync of a tied-embedding model is
+    # harmless and filtered out (rollout_workers/engines/vllm_sync.py), in the log as on the console
+    assert "ParallelLMHead" not in worker
     assert "Started a local Ray instance" in (logs / "driver.log").read_text()
 
     assert "ParallelLMHead" not in console
@@ -57,5 +59,5 @@ def test_verbose_prints_engine_logs(model, tmp_path):
     run = tmp_path / "run"
     console = _train(model, run, "--verbose")
     print(f"\nconsole lines, smoke train --verbose (1 step): {len(console.splitlines())}")
-    assert VLLM_INFO.search(console) and "ParallelLMHead" in console
+    assert VLLM_INFO.search(console) and "ParallelLMHead" not in console
     assert not (run / "logs").exists()
