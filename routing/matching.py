@@ -16,25 +16,44 @@ Matchers (`MATCHERS`, keyed by `MatcherName`):
 - "observation": normalised current observation equality (GiGPO-style anchor), with the same
   monotone tie-break as "structured".
 
+Candidate rules (`CandidateRule`, `method.candidate`): which reference visit of the matched state
+the candidate comes from when the reference visits that state more than once (a reference is one
+of the policy's own wins, and it wanders):
+- "first_visit": the first visit after the previous match (the detour, when the reference left the
+  state and came back);
+- "last_visit": the last visit after the previous match (the one the reference left for good, so
+  its action is the one that led on to the win);
+- "loop_erased": the reference with its cycles erased before matching (`loop_erased_positions`):
+  a state visited again drops everything between the two visits, so every position left is on
+  the reference's final path and a state on it appears once; states that only lie on an erased
+  cycle match nothing.
+With no visit after the previous match, every rule falls back to the last visit ("last_occurrence").
+The rules concern the matchers keyed by state (structured, observation); the history matcher's
+states are action prefixes, which never repeat, so all three rules give it the same decisions.
+
 Instance binding: a signature may name an object by class only (ALFWorld's inventory is "soapbar",
 not "soapbar 2"), so a student holding soapbar 1 matches a reference position holding soapbar 2,
 and the reference's own action there ("move soapbar 2 to countertop 1") is one the student cannot
 execute. Where both traces record the held instance (`RouteTrace.held`), of the same class and
-different, the candidate action swaps the two names (`binding`, `bind_action`); the replay audit
-binds the reference's suffix the same way.
+different, the candidate action swaps the two names (`binding`, `bind_action`), under every
+candidate rule; the replay audit binds the reference's suffix the same way.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, get_args
 
 from routing.types import RouteDecision, StateSignature
 
 MatcherName = Literal["structured", "history", "observation"]
+CandidateRule = Literal["first_visit", "last_visit", "loop_erased"]
+CANDIDATE_RULES: tuple[CandidateRule, ...] = get_args(CandidateRule)
+DEFAULT_CANDIDATE: CandidateRule = "first_visit"
+"""`method.candidate`'s default (the rule docs/testbed.md fixed before measuring picks it)."""
 
 
 def normalize_text(text: str) -> str:
@@ -55,7 +74,10 @@ class RouteTrace:
     env's signature names it by class only; empty for envs without instances (no binding)."""
 
 
-Matcher = Callable[[RouteTrace, RouteTrace], list[RouteDecision]]
+class Matcher(Protocol):
+    def __call__(self, student: RouteTrace, reference: RouteTrace,
+                 candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]: ...
+
 
 _NO = RouteDecision(matched=False, reason="no_match")
 
@@ -95,13 +117,50 @@ def _require(trace: RouteTrace, attr: str, role: str) -> Sequence[Hashable]:
     return values
 
 
+def loop_erased_positions(keys: Sequence[Hashable]) -> list[int]:
+    """The positions of the path `keys` left after erasing its cycles in order (loop erasure): when
+    a state recurs, the positions from its earlier visit up to the recurrence are dropped and the
+    state is kept at its latest visit. Ascending; no key appears twice among them."""
+    kept: list[int] = []
+    index: dict[Hashable, int] = {}  # key -> its index in kept
+    for k, key in enumerate(keys):
+        i = index.get(key)
+        if i is not None:
+            for dropped in kept[i:]:
+                del index[keys[dropped]]
+            del kept[i:]
+        index[key] = len(kept)
+        kept.append(k)
+    return kept
+
+
+def _reference_positions(ref_keys: Sequence[Hashable], n_actions: int, rule: CandidateRule) -> dict[Hashable, list[int]]:
+    """{key -> ascending routable positions} of the reference under `rule` (a routable position is
+    one where the reference acted; the final state still closes a loop for "loop_erased")."""
+    if rule == "loop_erased":
+        candidates = [k for k in loop_erased_positions(ref_keys[:n_actions + 1]) if k < n_actions]
+    else:
+        candidates = list(range(n_actions))
+    positions: dict[Hashable, list[int]] = {}
+    for k in candidates:
+        positions.setdefault(ref_keys[k], []).append(k)
+    return positions
+
+
+def _visit(ks: Sequence[int], prev: int, rule: CandidateRule) -> tuple[int, bool]:
+    """The visit among ascending `ks` that `rule` picks after position `prev`, and whether one lay
+    after it (else the last visit, the fallback)."""
+    i = bisect.bisect_right(ks, prev)
+    if i == len(ks):
+        return ks[-1], False
+    return (ks[-1] if rule == "last_visit" else ks[i]), True
+
+
 def _monotone(
     student_keys: Sequence[Hashable], ref_keys: Sequence[Hashable], student: RouteTrace, reference: RouteTrace,
-    reason: str,
+    reason: str, rule: CandidateRule,
 ) -> list[RouteDecision]:
-    positions: dict[Hashable, list[int]] = {}
-    for k in range(len(reference.actions)):
-        positions.setdefault(ref_keys[k], []).append(k)  # ascending by construction
+    positions = _reference_positions(ref_keys, len(reference.actions), rule)
     out: list[RouteDecision] = []
     prev = -1
     for t in range(len(student.actions)):
@@ -109,32 +168,32 @@ def _monotone(
         if not ks:
             out.append(_NO)
             continue
-        i = bisect.bisect_right(ks, prev)
-        if i < len(ks):
-            k, why = ks[i], reason
-        else:
-            k, why = ks[-1], f"{reason}:last_occurrence"
+        k, after = _visit(ks, prev, rule)
         prev = k
-        out.append(_hit(student, t, reference, k, why))
+        out.append(_hit(student, t, reference, k, reason if after else f"{reason}:last_occurrence"))
     return out
 
 
-def match_structured(student: RouteTrace, reference: RouteTrace) -> list[RouteDecision]:
+def match_structured(student: RouteTrace, reference: RouteTrace,
+                     candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
     """Signature hash-map matching with monotone alignment."""
     s = _require(student, "signatures", "student")
     r = _require(reference, "signatures", "reference")
-    return _monotone(s, r, student, reference, "structured")
+    return _monotone(s, r, student, reference, "structured", candidate)
 
 
-def match_observation(student: RouteTrace, reference: RouteTrace) -> list[RouteDecision]:
+def match_observation(student: RouteTrace, reference: RouteTrace,
+                      candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
     """Exact normalised observation equality with monotone alignment."""
     s = [normalize_text(o) for o in _require(student, "observations", "student")]  # type: ignore[arg-type]
     r = [normalize_text(o) for o in _require(reference, "observations", "reference")]  # type: ignore[arg-type]
-    return _monotone(s, r, student, reference, "observation")
+    return _monotone(s, r, student, reference, "observation", candidate)
 
 
-def match_history(student: RouteTrace, reference: RouteTrace) -> list[RouteDecision]:
-    """Match turn t at k = t while the normalised action prefixes agree (once they diverge, never again)."""
+def match_history(student: RouteTrace, reference: RouteTrace,
+                  candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
+    """Match turn t at k = t while the normalised action prefixes agree (once they diverge, never
+    again). `candidate` changes nothing: action prefixes never repeat."""
     out: list[RouteDecision] = []
     agree = True
     for t in range(len(student.actions)):
@@ -158,15 +217,19 @@ MATCHERS: dict[MatcherName, Matcher] = {
 }
 
 
-def route(name: MatcherName, student: RouteTrace, reference: RouteTrace | None) -> list[RouteDecision]:
-    """Decisions for every student turn; all unmatched (reason "no_reference") without a reference."""
+def route(name: MatcherName, student: RouteTrace, reference: RouteTrace | None,
+          candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
+    """Decisions for every student turn under the candidate rule `candidate`; all unmatched
+    (reason "no_reference") without a reference."""
+    if candidate not in CANDIDATE_RULES:
+        raise ValueError(f"unknown candidate rule {candidate!r}; expected one of {list(CANDIDATE_RULES)}")
     if reference is None:
         return [RouteDecision(matched=False, reason="no_reference") for _ in student.actions]
     try:
         matcher = MATCHERS[name]
     except KeyError:
         raise ValueError(f"unknown matcher {name!r}; expected one of {sorted(MATCHERS)}") from None
-    return matcher(student, reference)
+    return matcher(student, reference, candidate)
 
 
 def match_rate(decisions: Sequence[RouteDecision]) -> float:
