@@ -266,6 +266,22 @@ def replay_audit(run: RunOpt,
         typer.echo(line)
 
 
+@analyze.command("candidate-quality")
+def candidate_quality(run: RunOpt) -> None:
+    """Whether each matched turn's candidate equals the expert's next action from the student's
+    state, per matcher and candidate rule (first-visit, last-visit, loop-erased)."""
+    from deploy.analysis.candidate_quality import NoExpertError, format_summary, run_candidate_quality
+
+    _require_trajectories(run)
+    try:
+        result = run_candidate_quality(run)
+    except NoExpertError as err:
+        raise UserError(str(err)) from None
+    typer.echo(f"wrote {result.json_path} and {result.png_path}")
+    for line in format_summary(result):
+        typer.echo(line)
+
+
 @analyze.command("teacher-intervention")
 def teacher_intervention(
     run: RunOpt,

@@ -17,6 +17,9 @@ skill_sd / sdar (the SMRC-SD paper's skill-teacher baselines): the teacher sees 
 from earlier experience of the task (`routing.skills`: the reference's workflow plus the actions
 the env rejected in the group's other failed attempts) instead of a reference block; no routing.
 
+`method.candidate` picks which reference visit of a matched state the candidate (and the matched
+position) comes from: first visit, last visit, or the loop-erased reference (`routing.matching`).
+
 `method.context_parts` overrides the parts (the paper's "candidate only" / "state summary only"
 ablations). A trajectory with no reference (no other success of its task in the group or the
 per-task buffer) gets no teacher. References never include the row's own trajectory.
@@ -40,7 +43,7 @@ from rollout_workers.episode import Episode
 from rollout_workers.prompts import render_prompt_ids
 from rollout_workers.turn_messages import recorded_turn_message
 from rollout_workers.types import Trajectory
-from routing.matching import RouteTrace, route
+from routing.matching import DEFAULT_CANDIDATE, CandidateRule, RouteTrace, route
 from routing.reference import SuccessBuffer, select_references
 from routing.skills import build_skill_context, collect_mistakes, condense_workflow
 from routing.teacher_context import ContextPart, build_teacher_context
@@ -110,8 +113,10 @@ class TeacherRouter:
     """Per step: references, per-turn routing decisions, teacher prompts for the chosen turns."""
 
     def __init__(self, *, method: MethodName, matcher: str, parts: frozenset[ContextPart] | None,
-                 audit_matchers: Sequence[str], rollout: RolloutConfig, tokenizer, max_chars: int, seed: int):
+                 audit_matchers: Sequence[str], rollout: RolloutConfig, tokenizer, max_chars: int, seed: int,
+                 candidate: CandidateRule = DEFAULT_CANDIDATE):
         self.rule, default_parts = RULES[method]
+        self.candidate = candidate
         self.skill = method in SKILL_METHODS
         self.parts = parts if parts is not None else default_parts
         self.matcher, self.audit = matcher, tuple(dict.fromkeys([matcher, *audit_matchers]))
@@ -143,7 +148,7 @@ class TeacherRouter:
                 continue
             with_reference += len(ep.traj.turns)
             student, reference = ep.trace(), ref.trace()
-            decisions = {m: route(m, student, reference) for m in self.audit}
+            decisions = {m: route(m, student, reference, self.candidate) for m in self.audit}
             for m, ds in decisions.items():
                 counts[f"route/coverage_{m}"] += sum(d.matched for d in ds)
             if self.skill:
