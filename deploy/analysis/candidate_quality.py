@@ -174,8 +174,8 @@ def format_summary(result: CandidateQualityResult) -> list[str]:
     """Human-readable lines; the LAST line is exactly
     `candidate = expert action: first-visit X%, last-visit Y%, loop-erased Z%` (the run's matcher,
     on the turns it matches under all three rules)."""
-    lines = [f"candidate quality: {result.total_turns} turns in {result.num_trajectories} trajectories over "
-             f"{len(result.steps)} steps; {result.turns_with_reference} turns with a reference"]
+    lines = [(f"candidate quality: {result.total_turns} turns in {result.num_trajectories} trajectories over "
+              f"{len(result.steps)} steps; {result.turns_with_reference} turns with a reference")]
     for m, q in result.matchers.items():
         per_rule = ", ".join(f"{RULE_LABELS[r]} {_pct(s.rate)} ({s.expert_equal}/{s.matched_turns})"  # type: ignore[index]
                              for r, s in q.rules.items())

@@ -87,12 +87,14 @@ def test_cli_prints_the_line_last_and_refuses_a_run_without_trajectories(tmp_pat
     _fake_run(tmp_path)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "deploy", "analyze", "candidate-quality", "--run"]
-    ok = subprocess.run([*cmd, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    ok = subprocess.run([*cmd, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip().splitlines()[-1].startswith("candidate = expert action: first-visit ")
     empty = tmp_path / "empty"
     empty.mkdir()
-    bad = subprocess.run([*cmd, str(empty)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run([*cmd, str(empty)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "trajectories" in bad.stderr
 
 
@@ -101,3 +103,33 @@ def test_method_candidate_config() -> None:
     assert TrainConfig.model_validate({"method": {"candidate": "loop_erased"}}).method.candidate == "loop_erased"
     with pytest.raises(ValueError, match="candidate"):
         TrainConfig.model_validate({"method": {"candidate": "middle_visit"}})
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
+
+    tiny = TinyModelConfig(vocab_size=300, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                           intermediate_size=64, max_position_embeddings=2048)
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("m") / "model",
+                                                          ["go to desk 1", "look"] * 20, tiny))
+
+
+@pytest.mark.parametrize("rule", ["first_visit", "last_visit", "loop_erased"])
+def test_teacher_router_shows_the_rules_candidate(tmp_path: Path, tokenizer, rule: str) -> None:
+    from deploy.stages.smrc_sd import TeacherRouter
+    from rollout_workers.config import RolloutConfig
+
+    reference, student = _fake_run(tmp_path)
+    router = TeacherRouter(method="smrc_sd", matcher="structured", parts=frozenset({"candidate_action"}),
+                           audit_matchers=(), rollout=RolloutConfig(use_think=False), tokenizer=tokenizer,
+                           max_chars=4000, seed=0, candidate=rule)  # type: ignore[arg-type]
+    router([reference], step=1)  # no reference for it; it enters the success buffer
+    prompts = router([student], step=2).teacher_prompts
+    take = next(t for t, turn in enumerate(student.turns) if turn.action.startswith("take "))
+    detour = reference.turns[take].action  # the reference's first action at the take-state
+    shown = tokenizer.decode(prompts[("student", take)])
+    expected = detour if rule == "first_visit" else student.turns[take].action
+    assert detour.startswith("go to ") and f"reference): '{expected}'" in shown
