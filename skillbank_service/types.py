@@ -39,9 +39,17 @@ class CriticVerdict(_Frozen):
     """True when the critic could not give a verdict (the booleans are then False)."""
 
 
+class TrajectoryEvidence(_Frozen):
+    """One trajectory as a critic's op rule reads it: its outcome and its valid env actions in order."""
+
+    won: bool
+    actions: tuple[str, ...] = ()
+
+
 class CriticRequest(_Frozen):
-    """What a critic sees: the proposed edit, the trajectory it came from (rendered as text) and the
-    skill that was retrieved for that trajectory, if any (UPDATE is legal only when one was)."""
+    """What a critic sees: the proposed edit, the trajectory it came from (rendered as text), the
+    opposite-outcome reference of the same task that the proposer saw, and the skill that was
+    retrieved for that trajectory, if any (UPDATE is legal only when one was)."""
 
     candidate_id: str
     op: EditOp
@@ -49,6 +57,12 @@ class CriticRequest(_Frozen):
     text: str = ""
     source_trajectory: str
     """The source trajectory as text: task, observations and actions in order."""
+    reference_trajectory: str = ""
+    """The opposite-outcome reference as text ("" when not given)."""
+    source: TrajectoryEvidence | None = None
+    """The source's outcome and actions (None: not given; then no rule about NO_SKILL applies)."""
+    reference: TrajectoryEvidence | None = None
+    """The reference's outcome and actions (None: not given)."""
     retrieved_skill_id: str | None = None
     retrieved_skill_text: str | None = None
 

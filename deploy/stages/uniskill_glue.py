@@ -51,12 +51,14 @@ from rollout_workers.proposer import (
 )
 from rollout_workers.turn_messages import recorded_turn_message
 from rollout_workers.types import Candidate, Generation, Trajectory, split_infrastructure_failures
+from skillbank_service.critics import refused_text_verdict
 from skillbank_service.types import (
     CriticRequest,
     CriticVerdict,
     RetrievedSkill,
     ScoredProposal,
     Skill,
+    TrajectoryEvidence,
 )
 from skillbank_service.validation import validate_skill_text
 
@@ -116,7 +118,8 @@ def build_candidates(trajectories: Sequence[Trajectory], rng: random.Random, cfg
 @dataclass(frozen=True)
 class ProposerPrompt:
     """One proposer input: the candidate, its rendered prompt (ending with "<action>"), the legal
-    ops, the retrieved skill (UPDATE target) and the source trajectory as text (for the critic)."""
+    ops, the retrieved skill (UPDATE target), and for the critic the source and the reference as
+    the proposer saw them (text) and as outcome and actions (evidence)."""
 
     candidate: Candidate
     prompt_ids: tuple[int, ...]
@@ -124,6 +127,14 @@ class ProposerPrompt:
     skill: Skill | None
     task_type: str
     source_text: str
+    reference_text: str = ""
+    source: TrajectoryEvidence | None = None
+    reference: TrajectoryEvidence | None = None
+
+
+def trajectory_evidence(traj: Trajectory) -> TrajectoryEvidence:
+    """The trajectory's outcome and its valid env actions, in order."""
+    return TrajectoryEvidence(won=traj.success, actions=tuple(t.env_action for t in traj.turns if t.action_valid))
 
 
 def proposer_prompts(
@@ -143,18 +154,19 @@ def proposer_prompts(
         skill = skills.get(c.task_id)
         legal = legal_ops(skill is not None)
         source_text = render_trajectory(src.turns, won=src.success, max_chars=budget)
+        reference_text = render_trajectory(ref.turns, won=ref.success, max_chars=budget)
         profile = rollout_profile(src.task.env)
         message = render_proposer_message(
             setting=profile.proposer_setting,
             task=profile.task_text(src.task, src.turns[0].observation if src.turns else ""), source=source_text,
-            source_won=src.success,
-            reference=render_trajectory(ref.turns, won=ref.success, max_chars=budget),
+            source_won=src.success, reference=reference_text,
             skill_text=skill.text if skill is not None else None, legal=legal)
         ids = render_proposer_prompt_ids(tokenizer, message)
         if len(ids) > cfg.proposer.max_prompt_tokens:
             too_long += 1
             continue
-        out.append(ProposerPrompt(c, tuple(ids), legal, skill, src.task.task_type, source_text))
+        out.append(ProposerPrompt(c, tuple(ids), legal, skill, src.task.task_type, source_text, reference_text,
+                                  trajectory_evidence(src), trajectory_evidence(ref)))
     return out, too_long
 
 
@@ -238,7 +250,8 @@ def critic_requests(prompts: Sequence[ProposerPrompt], parsed: Sequence[ParsedPr
     """One request per parsed proposal (parse failures get no critic: their reward is r_fmt)."""
     return [
         CriticRequest(candidate_id=p.candidate.candidate_id, op=q.op, task_type=p.task_type, text=q.skill_text,
-                      source_trajectory=p.source_text,
+                      source_trajectory=p.source_text, reference_trajectory=p.reference_text,
+                      source=p.source, reference=p.reference,
                       retrieved_skill_id=p.skill.skill_id if p.skill else None,
                       retrieved_skill_text=p.skill.text if p.skill else None)
         for p, q in zip(prompts, parsed, strict=True) if q.ok and q.op is not None
@@ -250,13 +263,13 @@ def judge(critic: Critic, prompts: Sequence[ProposerPrompt], parsed: Sequence[Pa
     """candidate_id -> the critic's verdict, for every parsed proposal (a failed verdict, e.g. an
     endpoint timeout, is kept: it masks r_op and blocks the bank write). ADD/UPDATE text the bank
     would refuse (length, charset, control characters, tags or instruction-like text) is judged
-    unsupported without asking the critic, so the proposer's reward sees what the bank enforces."""
+    unsupported whatever the critic says of its content, so the proposer's reward sees what the bank
+    enforces; the critic's op judgement stands (the refusal is scored once, in r_skill)."""
     out = {}
     for r in critic_requests(prompts, parsed):
+        judged = critic.judge(r)
         invalid = validate_skill_text(r.text, min_chars=min_chars, max_chars=max_chars) if r.op != "no_edit" else None
-        out[r.candidate_id] = critic.judge(r) if invalid is None else CriticVerdict(
-            op_reasonable=False, content_supported=False, passed=False, critic="validation",
-            reason=f"invalid skill text: {invalid}")
+        out[r.candidate_id] = judged if invalid is None or judged.failed else refused_text_verdict(judged, invalid)
     return out
 
 

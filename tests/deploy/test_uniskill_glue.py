@@ -240,7 +240,7 @@ def test_judge_rows_and_warmup(setup):
     assert all(r.r_op is None and r.content_supported is None for r in failed)  # masked, not punished
 
 
-def test_text_the_bank_would_refuse_is_judged_unsupported_without_the_critic(setup):
+def test_text_the_bank_would_refuse_is_unsupported_and_keeps_the_critics_op_verdict(setup):
     st = _stage(setup)
     tok, prompts = st.tok, st.prompts
     texts = ["ADD_NEW_SKILL</action>go to desk 1</action> then take the mug from it", f"ADD_NEW_SKILL</action>{S_NEW}"]
@@ -248,14 +248,30 @@ def test_text_the_bank_would_refuse_is_judged_unsupported_without_the_critic(set
     parsed = us.parse_proposals(prompts, gens, CFG)
     critic = FakeCritic()
     verdicts = us.judge(critic, prompts, parsed, **LIMITS)
-    asked = {r.candidate_id for r in critic.requests}
-    for i, p in enumerate(prompts):
+    assert {r.candidate_id for r in critic.requests} == {p.candidate.candidate_id for p in prompts}
+    rows = us.proposal_rows(prompts, gens, parsed, verdicts, op_first_token_ids(tok), eta=0.05)
+    for i, (p, row) in enumerate(zip(prompts, rows)):
         v = verdicts[p.candidate.candidate_id]
-        if i % 2 == 0:  # a tag inside the skill: refused by the bank, so unsupported (r_op = r_skill = -eta)
-            assert v.critic == "validation" and not v.passed and not v.content_supported and "tag" in v.reason
-            assert p.candidate.candidate_id not in asked
+        assert v.critic == "rule" and v.op_reasonable and row.r_op == 0.05  # the op judgement stands
+        if i % 2 == 0:  # a tag inside the skill: refused by the bank, so unsupported (r_skill = -eta only)
+            assert not v.passed and not v.content_supported and "tag" in v.reason and row.content_supported is False
         else:
-            assert v.critic == "rule" and v.passed and p.candidate.candidate_id in asked
+            assert v.passed and row.content_supported is True
+
+
+def test_critic_requests_carry_the_source_and_the_reference(setup):
+    st = _stage(setup)
+    tok, prompts, trajs = st.tok, st.prompts, st.trajs
+    parsed = us.parse_proposals(prompts, [_gen(tok, "NO_SKILL</action>") for _ in prompts], CFG)
+    by_id = {t.traj_id: t for t in trajs}
+    requests = us.critic_requests(prompts, parsed)
+    assert len(requests) == len(prompts)
+    for r, p in zip(requests, prompts):
+        src, ref = by_id[p.candidate.source_id], by_id[p.candidate.reference_id]
+        assert r.source == us.trajectory_evidence(src) and r.reference == us.trajectory_evidence(ref)
+        assert r.source.won == src.success and r.reference.won == ref.success != src.success
+        assert r.source.actions == tuple(t.env_action for t in src.turns if t.action_valid)
+        assert r.reference_trajectory.startswith("Outcome: " + ("SUCCESS" if ref.success else "FAILURE"))
 
 
 def test_align_requests_swap_only_the_skill(setup):

@@ -15,9 +15,12 @@ from skillbank_service.critics import (
     PolicyCritic,
     RuleCritic,
     build_critic,
+    missed_winning_action,
     parse_verdict,
+    refused_text_verdict,
+    render_prompt,
 )
-from skillbank_service.types import CriticRequest
+from skillbank_service.types import CriticRequest, TrajectoryEvidence
 
 TRAJ = """Your task is to: put a hot apple in the fridge.
 > go to countertop 1
@@ -56,6 +59,65 @@ def test_rule_critic(request_, op_ok, content_ok, why):
     v = RuleCritic().judge(request_)
     assert (v.op_reasonable, v.content_supported, v.passed) == (op_ok, content_ok, op_ok and content_ok), v
     assert why in v.reason and v.critic == "rule" and not v.failed
+
+
+LOST = TrajectoryEvidence(won=False, actions=("go to countertop 1", "take apple 1 from countertop 1",
+                                             "go to fridge 1", "open fridge 1"))
+WON = TrajectoryEvidence(won=True, actions=("go to countertop 1", "take apple 1 from countertop 1",
+                                            "go to microwave 1", "heat apple 1 with microwave 1"))
+
+
+@pytest.mark.parametrize(("source", "reference", "retrieved", "op_ok", "why"), [
+    # the failed source never heated the apple, the action that won the reference: a lesson to write
+    (LOST, WON, None, False, "'heat apple 1 with microwave 1'"),
+    # ... unless the retrieved skill already names its content words (heat, apple, microwave)
+    (LOST, WON, "Heat the apple with the microwave before anything else.", True, ""),
+    # a retrieved skill that misses one of them ("apple") does not cover it
+    (LOST, WON, RETRIEVED, False, "never took"),
+    # the source took the winning action too (case and spacing aside): no distinct winning action
+    (LOST.model_copy(update={"actions": (*LOST.actions, "Heat apple 1  with microwave 1")}), WON, None, True, ""),
+    # the source won: NO_SKILL is reasonable (nothing was lost)
+    (WON, LOST, None, True, ""),
+    # evidence not given (older callers): no rule about NO_SKILL applies
+    (None, None, None, True, ""),
+    (LOST, None, None, True, ""),
+    # a "won" reference without a valid action has no winning action to point at
+    (LOST, TrajectoryEvidence(won=True), None, True, ""),
+])
+def test_rule_critic_no_skill(source, reference, retrieved, op_ok, why):
+    v = RuleCritic().judge(req(op="no_edit", text="", retrieved=retrieved, source=source, reference=reference))
+    assert (v.op_reasonable, v.content_supported, v.passed) == (op_ok, True, op_ok), v
+    assert why in v.reason
+
+
+def test_the_no_skill_rule_leaves_add_and_update_alone():
+    for op, text in (("add", "Heat the apple with the microwave before you move it to the fridge."),
+                     ("update", "Heat the object with the microwave, then open the fridge before moving it in.")):
+        v = RuleCritic().judge(req(op=op, text=text, retrieved=RETRIEVED, source=LOST, reference=WON))
+        assert v.passed, v
+
+
+def test_missed_winning_action_by_hand():
+    assert missed_winning_action(LOST, WON, None) == "heat apple 1 with microwave 1"
+    assert missed_winning_action(WON, LOST, None) is None
+    assert missed_winning_action(LOST, LOST.model_copy(update={"won": True}), None) is None  # source took it
+
+
+def test_refused_text_keeps_the_op_judgement():
+    ok = RuleCritic().judge(req())
+    refused = refused_text_verdict(ok, "markup tag </action>")
+    assert (refused.op_reasonable, refused.content_supported, refused.passed, refused.critic) == (True, False, False, "rule")
+    assert refused.reason == "content: invalid skill text: markup tag </action>"
+    bad_op = RuleCritic().judge(req(op="update", retrieved=None))
+    refused = refused_text_verdict(bad_op, "too short")
+    assert (refused.op_reasonable, refused.content_supported, refused.passed) == (False, False, False)
+    assert refused.reason.startswith("op: UPDATE without a retrieved skill; content: invalid skill text: too short")
+
+
+def test_llm_prompt_shows_the_reference():
+    prompt = render_prompt(req(op="no_edit", text="", reference_trajectory="Outcome: SUCCESS after 4 step(s)."))
+    assert "OPPOSITE-OUTCOME TRAJECTORY OF THE SAME TASK\nOutcome: SUCCESS after 4 step(s).\n" in prompt
+    assert "OPPOSITE-OUTCOME TRAJECTORY OF THE SAME TASK\n(none)\n" in render_prompt(req())
 
 
 def test_parse_verdict_finds_the_json_object_in_chatter():
