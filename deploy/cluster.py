@@ -35,6 +35,7 @@ from deploy.weight_sync import (
     BroadcastSync,
     WeightSyncFailed,
     max_logprob_gap,
+    probe_gaps,
     probe_rows,
     verify_tolerance,
 )
@@ -94,7 +95,9 @@ class Cluster:
     on_submit: Callable[[str], None] | None = None
     """Called with "collect" / "train" once those calls are in flight (the fault injector's hook)."""
     last_sync: dict[str, float] = field(default_factory=dict)
-    """Facts of the last weight sync: seconds, bytes (broadcast), probe_max_dlogp (with sync.verify)."""
+    """Facts of the last weight sync: seconds; under broadcast fallback (1: it went through the object
+    store), bytes (when it did not) and group_rebuilds; probe_max_dlogp and probe_mean_dlogp (with
+    sync.verify)."""
     _broadcast: BroadcastSync | None = None
 
     @classmethod
@@ -373,7 +376,7 @@ class Cluster:
         A failed broadcast names the members concerned and raises LearnerGroupFailed when a
         learner rank died; when only rollout workers failed, this sync falls back to the object
         store (which restarts and reloads dead workers) and the next one rebuilds the group.
-        With sync.verify, every engine's probe log-probs must match the learner's."""
+        With sync.verify, the log-prob probe is measured after every sync (`probe_weights`)."""
         start = time.perf_counter()
         self.last_sync = {}
         if self.cfg.sync.method == "broadcast":
@@ -382,7 +385,7 @@ class Cluster:
             self._sync_object_store(version)
         self.last_sync["seconds"] = time.perf_counter() - start
         if self.cfg.sync.verify:
-            self.last_sync["probe_max_dlogp"] = self.verify_weights()
+            self.last_sync.update(self.probe_weights())
 
     def _sync_broadcast(self, version: int) -> None:
         if self._broadcast is None:
@@ -391,33 +394,41 @@ class Cluster:
         self.policy_version, self.weights_digest = version, None
         try:
             self.last_sync["bytes"] = float(self._broadcast.sync(self.learners, node, self.workers, version))
+            self.last_sync["fallback"] = 0.0
         except WeightSyncFailed as err:
             if any(name.startswith("learner_") for name in err.dead) or self._dead_ranks():
                 raise LearnerGroupFailed(str(err)) from err
             log.warning("%s; this sync goes through the object store instead", err)
+            self.last_sync["fallback"] = 1.0
             self._sync_object_store(version)
+        finally:
+            self.last_sync["group_rebuilds"] = float(self._broadcast.rebuilds)
 
-    def verify_weights(self) -> float:
-        """Each engine continues a fixed probe at the learner's temperature; every learner rank
-        re-scores the samples. Returns max |engine - learner| log-prob; raises WeightSyncFailed
-        naming the worker when it exceeds sync.verify_tol."""
+    def probe_weights(self) -> dict[str, float]:
+        """A measurement, not a gate: each engine continues a fixed probe at the learner's
+        temperature and every learner rank re-scores the samples; returns the max and mean
+        |engine - learner| log-prob (`probe_max_dlogp`, `probe_mean_dlogp`). Above sync.verify_tol
+        it logs a warning naming the workers; whether an engine holds the policy's weights is
+        decided by exact checks (the export digest), since bf16 engines and learners differ by
+        0.1-0.5 nats on single tokens with equal weights."""
         temp = self.cfg.learner.temperature
+        workers = list(range(len(self.workers)))
         probes = self._on_workers([(w, lambda h: h.probe.remote(PROBE_TEXT, max_tokens=PROBE_TOKENS, temperature=temp,
                                                                  seed=self.policy_version))
-                                   for w in range(len(self.workers))], what="sync probe")
-        return self._check_probes(probes, list(range(len(self.workers))))
-
-    def _check_probes(self, probes: Sequence, worker_ids: Sequence[int]) -> float:
-        """Every learner rank re-scores the workers' probe samples; max gap, or WeightSyncFailed."""
+                                   for w in workers], what="sync probe")
         rows = probe_rows(probes)
         scores = self._on_learners(lambda lw: lw.score.remote(rows), what="sync probe score")[0]
-        for w, row, score in zip(worker_ids, rows, scores):
-            gap, tol = max_logprob_gap([row], [score]), verify_tolerance(self.cfg)
-            if gap > tol:
-                raise WeightSyncFailed(f"rollout_worker_{w} holds weights that differ from the learner's after the "
-                                       f"sync to version {self.policy_version}: probe log-probs differ by {gap:.3g} "
-                                       f"> sync.verify_tol={tol:g}")
-        return max_logprob_gap(rows, scores)
+        tol = verify_tolerance(self.cfg)
+        worst = {w: max_logprob_gap([row], [score]) for w, row, score in zip(workers, rows, scores)}
+        over = [f"rollout_worker_{w} ({gap:.3g})" for w, gap in worst.items() if gap > tol]
+        if over:
+            log.warning("sync probe at policy version %d: |engine - learner| log-prob above sync.verify_tol=%g on %s",
+                        self.policy_version, tol, ", ".join(over))
+        return probe_gaps(rows, scores)
+
+    def verify_weights(self) -> float:
+        """`probe_weights`' max |engine - learner| log-prob (the figure the weight-sync bench reports)."""
+        return self.probe_weights()["probe_max_dlogp"]
 
     def _sync_object_store(self, version: int) -> None:
         """Rank 0's exported bytes travel through the object store to every engine's node."""

@@ -1,10 +1,14 @@
 """The driver's side of collective weight sync (`sync.method: broadcast`, docs/architecture.md
 "Weight sync"): it builds the weight-sync group (learner rank 0 = rank 0, then every vLLM worker
 of every rollout engine), runs one sync as concurrent calls (every learner rank streams, every
-engine receives), names whoever failed, and optionally verifies the result with a log-prob probe.
+engine receives), names whoever failed, and measures the log-prob probe (`sync.verify`: a per-step
+metric, never a gate; exact checks decide whether an engine holds the policy's weights).
 
 The group is built lazily at the first broadcast and rebuilt after anything that replaced one of
-its processes (a restarted rollout worker, a new learner group, a failed broadcast).
+its processes (a restarted rollout worker, a new learner group, a failed broadcast); `rebuilds`
+counts the rebuilds (metrics.jsonl `sync/group_rebuilds`, and a line in the run log). A member
+whose collective failed has already aborted its side of the group (`weightsync.group`), so a
+failed group needs no teardown call from here.
 """
 
 from __future__ import annotations
@@ -23,14 +27,14 @@ from weightsync.group import GroupSpec
 log = logging.getLogger(__name__)
 
 PROBE_TEXT = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1."
-"""The fixed probe an engine continues and the learner re-scores (`verify`)."""
+"""The fixed probe an engine continues and the learner re-scores (`Cluster.probe_weights`)."""
 PROBE_TOKENS = 8
 MARGIN_S = 30.0
 """Added to sync.timeout_s for the driver's own wait (the members time out first, with a message)."""
 
 
 class WeightSyncFailed(RuntimeError):
-    """A broadcast sync (or its verification) failed; the message names the members concerned."""
+    """A broadcast sync failed; the message names the members concerned."""
 
     def __init__(self, message: str, *, dead: Sequence[str] = ()):
         super().__init__(message)
@@ -90,6 +94,12 @@ def _wait_all(refs: Sequence[Any], names: Sequence[str], *, timeout_s: float) ->
 class BroadcastSync:
     cfg: TrainConfig
     spec: GroupSpec | None = None
+    builds: int = 0
+    """Groups formed so far (the first one, then one per rebuild)."""
+
+    @property
+    def rebuilds(self) -> int:
+        return max(self.builds - 1, 0)
 
     def reset(self) -> None:
         """Forget the group: the next sync builds a new one (members replace their old one)."""
@@ -125,9 +135,10 @@ class BroadcastSync:
         _, failed = _wait_all(refs, names, timeout_s=self._timeout())
         if failed:
             raise WeightSyncFailed(_message("joining the weight-sync group", failed), dead=_dead(failed))
-        self.spec = spec
-        log.info("weight-sync group %s: %d members (%s)", spec.name[:8], spec.world_size,
-                 "file store" if store_file else f"tcp {host}:{port}")
+        self.spec, self.builds = spec, self.builds + 1
+        log.info("weight-sync group %s: %d members (%s)%s", spec.name[:8], spec.world_size,
+                 "file store" if store_file else f"tcp {host}:{port}",
+                 f"; rebuild {self.rebuilds} (a failed sync or a replaced member)" if self.rebuilds else "")
         return spec
 
     def sync(self, learners: Sequence[Any], learner_node_id: str | None, workers: Sequence[Any], version: int) -> int:
@@ -170,7 +181,16 @@ def probe_rows(probes: Sequence[tuple[list[int], Any]]) -> list[TrainRow]:
             for i, (p, g) in enumerate(probes)]
 
 
+def _token_gaps(rows: Sequence[TrainRow], scores: Sequence[Sequence[float]]) -> list[float]:
+    return [abs(a - b) for row, s in zip(rows, scores) for a, b in zip(row.sampler_logprobs, s)]
+
+
 def max_logprob_gap(rows: Sequence[TrainRow], scores: Sequence[Sequence[float]]) -> float:
     """max |engine - learner| log-prob over every probe token (pure)."""
-    gaps = [abs(a - b) for row, s in zip(rows, scores) for a, b in zip(row.sampler_logprobs, s)]
-    return max(gaps, default=0.0)
+    return max(_token_gaps(rows, scores), default=0.0)
+
+
+def probe_gaps(rows: Sequence[TrainRow], scores: Sequence[Sequence[float]]) -> dict[str, float]:
+    """The probe's per-step metrics (pure): max and mean |engine - learner| log-prob per token."""
+    gaps = _token_gaps(rows, scores)
+    return {"probe_max_dlogp": max(gaps, default=0.0), "probe_mean_dlogp": sum(gaps) / len(gaps) if gaps else 0.0}

@@ -27,6 +27,14 @@ def _zero3_gather(cfg: LearnerConfig):
     return lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
+def _finish_gathers(stream) -> None:
+    """Run the rest of the stream without sending, so that the other learner ranks' ZeRO-3
+    gathers stay matched when rank 0 stops early."""
+    with contextlib.suppress(Exception):
+        for _ in stream:
+            pass
+
+
 class WeightSender:
     """Rank 0's membership of the weight-sync group plus the stream every rank runs."""
 
@@ -53,12 +61,13 @@ class WeightSender:
                 pass
             return None
         if self._group is None:
-            with contextlib.suppress(Exception):
-                for _ in stream:  # keep the other ranks' gathers matched before failing
-                    pass
+            _finish_gathers(stream)
             raise RuntimeError("broadcast_weights before join_weight_group on learner rank 0")
         try:
             return send_weights(self._group, metas, stream, bucket_bytes=int(bucket_mb * (1 << 20)))
+        except Exception:
+            _finish_gathers(stream)  # a failed send (the group is aborted) must not strand the other ranks
+            raise
         finally:
             release_cached_memory()
 

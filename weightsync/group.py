@@ -163,7 +163,7 @@ class WeightGroup:
             self._pg = self._backend_object(dist)
             self._connect()
         except Exception as err:  # rendezvous failures become one clear error
-            self._discard()
+            self.abort()
             raise WeightSyncError(f"{self._who()} could not join weight-sync group {spec.name!r} within "
                                   f"{spec.timeout_s:g}s ({type(err).__name__}: {err}); members: "
                                   f"{', '.join(spec.members)}") from err
@@ -215,7 +215,7 @@ class WeightGroup:
         try:
             self._collective(tensor)
         except Exception as err:  # every backend failure becomes one clear error
-            self._discard()
+            self.abort()
             side = "sending to" if self.rank == 0 else "receiving from"
             raise WeightSyncError(
                 f"{self._who()} failed {side} {', '.join(self.peers())} during {what} "
@@ -223,7 +223,7 @@ class WeightGroup:
                 f"answering ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
             ) from err
 
-    def _discard(self) -> None:
+    def abort(self) -> None:
         """Abort the backend after a failure: `abort()` cancels what is in flight (ncclCommAbort
         on NCCL), where `shutdown()` would wait for a collective whose peer is gone."""
         pg, self._pg, self.failed = self._pg, None, True

@@ -114,6 +114,12 @@ class HFEngine:
                         raise KeyError(f"weight sync sent {name!r}, which this model does not have")
                     params[name].copy_(tensor)
                     count += 1
+        except Exception:
+            # every parameter still holds a whole tensor (old or new): the model stays usable
+            # until the driver reloads it; the group is aborted so the sender stops waiting
+            self._group = None
+            group.abort()
+            raise
         finally:
             release_cached_memory()
         if count != len(params):

@@ -12,11 +12,21 @@ On a model with tied embeddings vLLM's reload warns "ParallelLMHead: Failed to l
 every sync: the stream carries the embedding once (as the learner's state dict does), the tied
 head receives nothing under its own name and vLLM puts its kernel tensors back, which are the
 embedding's, just reloaded. `TiedHeadReloadFilter` drops that one line on such models.
+
+A stream that fails mid-way (a peer died: `WeightSyncError`) leaves vLLM's reload unfinished:
+`initialize_layerwise_reload` (vllm/model_executor/model_loader/reload/layerwise.py) first moves
+every layer to the meta device and only `finalize_layerwise_reload` puts back the layers that
+received nothing, and `reload_weights` (reload/inplace.py) does not reach it when the iterator
+raises. `finish_interrupted_reload` runs it, so every layer holds real tensors again (the old
+weights, or the new ones for layers that arrived whole); the driver then reloads every engine
+through the object store. An engine whose finalisation fails, or that still holds a meta tensor,
+ends its process (`abandon_engine`): Ray restarts the rollout worker, never a half-reloaded engine.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import torch
@@ -30,13 +40,53 @@ WORKER_EXTENSION = "rollout_workers.engines.vllm_sync.WeightSyncExtension"
 def repack_lm_head(worker) -> bool:
     """Redo the unquantized lm_head's post-load processing on one vLLM worker (on CPU it packs a
     private copy of the weight for its GEMM kernel; elsewhere it is a no-op)."""
-    model = getattr(worker, "worker", worker).model_runner.get_model()
+    model = _runner(worker).get_model()
     head = getattr(model, "lm_head", None)
     method = getattr(head, "quant_method", None)
     if type(method).__name__ != "UnquantizedEmbeddingMethod":
         return False
     method.process_weights_after_loading(head)
     return True
+
+
+HALF_RELOADED_EXIT = 75
+"""Exit status of an engine process that could not finish an interrupted reload."""
+
+log = logging.getLogger(__name__)
+
+
+def _runner(worker):
+    return getattr(worker, "worker", worker).model_runner
+
+
+def meta_tensors(model: torch.nn.Module) -> list[str]:
+    """Names of parameters and buffers still on the meta device (a reload left unfinished)."""
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return [name for name, t in named if t.is_meta]
+
+
+def finish_interrupted_reload(worker) -> None:
+    """Finalise vLLM's layerwise reload after its weight stream failed: layers that received
+    nothing get their kernel tensors back, partly received ones are processed as they are.
+    Raises when a tensor is still on the meta device afterwards."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    runner = _runner(worker)
+    model = runner.get_model()
+    with set_current_vllm_config(runner.vllm_config):
+        finalize_layerwise_reload(model, runner.vllm_config.model_config)
+    repack_lm_head(worker)
+    left = meta_tensors(model)
+    if left:
+        raise RuntimeError(f"{len(left)} tensor(s) still on the meta device after finalising, e.g. {left[0]}")
+
+
+def abandon_engine(reason: str) -> None:
+    """End this process (Ray restarts the rollout worker that held it with the current weights)."""
+    log.error("weight sync left this engine half-reloaded (%s); exiting so that it is restarted", reason)
+    logging.shutdown()
+    os._exit(HALF_RELOADED_EXIT)
 
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
@@ -84,7 +134,7 @@ class WeightSyncExtension:
         if not isinstance(device, torch.device) or device.type not in ("cuda", "cpu"):
             device = None
         self._weight_group = WeightGroup(spec, rank, device=device)
-        silence_tied_head_warning(getattr(self, "worker", self).model_runner.get_model())
+        silence_tied_head_warning(_runner(self).get_model())
         return rank
 
     def weight_sync_receive(self) -> int:
@@ -105,9 +155,22 @@ class WeightSyncExtension:
         try:
             self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
             repack_lm_head(self)
+        except Exception:
+            self._weight_sync_recover(group)
+            raise
         finally:
             release_cached_memory()
         return count
+
+    def _weight_sync_recover(self, group: WeightGroup) -> None:
+        """After a failed receive: the group is aborted (the sender stops waiting for this rank) and
+        the reload finalised, or this process ends (`abandon_engine`)."""
+        self._weight_group = None
+        group.abort()
+        try:
+            finish_interrupted_reload(self)
+        except Exception as err:  # noqa: BLE001 - the engine cannot serve: restart it
+            abandon_engine(f"{type(err).__name__}: {err}")
 
     def weight_sync_repack(self) -> bool:
         """`repack_lm_head` on this worker, by name (the async engine's RPC cannot ship a function)."""

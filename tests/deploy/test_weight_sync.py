@@ -12,7 +12,7 @@ import pytest
 
 from deploy.config_loading import load_config
 from deploy.config_sections import SyncConfig
-from deploy.weight_sync import PROBE_TEXT, WeightSyncFailed
+from deploy.weight_sync import PROBE_TEXT
 from learner.types import TrainRow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +35,7 @@ def _rows(cluster, step: int) -> list[TrainRow]:
 
 def _train(cluster, step: int) -> None:
     cluster.train(_rows(cluster, step))
-    with pytest.raises(WeightSyncFailed, match="rollout_worker_0 holds weights that differ"):
-        cluster.verify_weights()  # the probe sees that the engine is now stale
+    assert cluster.verify_weights() > 1e-4  # the probe (a measurement) sees that the engine is now stale
 
 
 def _wait_restarted(handle, timeout_s: float = 300.0) -> None:

@@ -1,12 +1,20 @@
-"""Pure parts of the driver's weight sync: the probe rows, the gap, the default tolerance by
-precision, the failure message naming members, and the `sync` config section's checks."""
+"""Pure parts of the driver's weight sync: the probe rows, its per-step metrics, the default
+tolerance by precision, the failure message naming members, the count of group rebuilds, and
+the `sync` config section's checks."""
 
 from __future__ import annotations
 
 import pytest
 
 from deploy.config import TrainConfig
-from deploy.weight_sync import _message, max_logprob_gap, probe_rows, verify_tolerance
+from deploy.weight_sync import (
+    BroadcastSync,
+    _message,
+    max_logprob_gap,
+    probe_gaps,
+    probe_rows,
+    verify_tolerance,
+)
 from rollout_workers.types import Generation
 
 
@@ -16,6 +24,23 @@ def test_probe_rows_and_gap():
     assert row.prompt_ids == (1, 2, 3) and row.response_ids == (5, 6, 7) and row.sampler_logprobs == (-1.0, -2.0, -0.5)
     assert max_logprob_gap([row], [[-1.0, -2.00003, -0.5]]) == pytest.approx(3e-5)
     assert max_logprob_gap([row], [[-1.0, -2.0, -0.2]]) == pytest.approx(0.3)
+
+
+def test_probe_metrics_are_the_max_and_mean_token_gap():
+    gen = Generation(token_ids=(5, 6), logprobs=(-1.0, -2.0), text="x", finish_reason="length")
+    rows = probe_rows([([1], gen), ([2], gen)])
+    got = probe_gaps(rows, [[-1.5, -2.0], [-1.0, -2.1]])  # gaps 0.5, 0, 0, 0.1
+    assert got == pytest.approx({"probe_max_dlogp": 0.5, "probe_mean_dlogp": 0.15})
+    assert probe_gaps([], []) == {"probe_max_dlogp": 0.0, "probe_mean_dlogp": 0.0}
+
+
+def test_rebuilds_count_every_group_after_the_first():
+    sync = BroadcastSync(TrainConfig.model_validate({}))
+    assert sync.rebuilds == 0
+    sync.builds = 1
+    assert sync.rebuilds == 0
+    sync.builds = 3
+    assert sync.rebuilds == 2
 
 
 def test_default_tolerance_follows_precision():

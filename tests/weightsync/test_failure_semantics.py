@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import ClassVar
 
 import pytest
 import torch
@@ -48,8 +49,8 @@ class _Work:
 class _Backend:
     """Records what WeightGroup does with its backend object."""
 
-    built: list[_Backend] = []
-    fail_after = 10**9
+    built: ClassVar[list[_Backend]] = []
+    fail_after: ClassVar[int] = 10**9
 
     def __init__(self, store, rank, size, opts):
         self.opts, self.env = opts, os.environ.get(NCCL_ERROR_HANDLING_VAR)

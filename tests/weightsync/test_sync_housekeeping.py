@@ -92,3 +92,12 @@ def test_release_cached_memory_is_a_no_op_on_cpu():
     before = torch.cuda.is_initialized()
     release_cached_memory()
     assert torch.cuda.is_initialized() == before  # never initialises CUDA on its own
+
+
+def test_meta_tensors_names_what_an_unfinished_reload_left_on_meta():
+    from rollout_workers.engines.vllm_sync import meta_tensors
+
+    model = _Model(tied=False)
+    assert meta_tensors(model) == []
+    model.lm_head.weight = torch.nn.Parameter(torch.empty(8, 4, device="meta"))
+    assert meta_tensors(model) == ["lm_head.weight"]
