@@ -7,7 +7,9 @@ same control flow runs over real gloo groups in test_protocol.py and tests/deplo
 from __future__ import annotations
 
 import datetime
+import multiprocessing as mp
 import os
+import time
 from typing import ClassVar
 
 import pytest
@@ -23,6 +25,8 @@ from weightsync.group import (
     nccl_settings,
     scoped_env,
 )
+
+CTX = mp.get_context("spawn")
 
 
 def _spec(tmp_path, backend: str, timeout_s: float = 30.0) -> GroupSpec:
@@ -132,3 +136,29 @@ def test_a_join_whose_handshake_fails_is_a_join_error(tmp_path, fake_nccl):
         WeightGroup(_spec(tmp_path, "nccl"), 0, device=torch.device("cpu"))
     [backend] = fake_nccl.built
     assert backend.calls == ["eager_connect:cpu", "broadcast", "abort"]
+
+
+def _wait_for_bucket(spec: GroupSpec, queue) -> None:
+    group = WeightGroup(spec, 1)
+    start = time.monotonic()
+    try:
+        group.broadcast(torch.zeros(4), what="bucket 1/1")
+        queue.put(("ok", time.monotonic() - start, group.failed))
+    except WeightSyncError:
+        queue.put(("error", time.monotonic() - start, group.failed))
+
+
+def test_an_aborted_gloo_member_makes_its_peers_fail_at_once(tmp_path):
+    """Real gloo: the member that failed aborts its side, and a peer waiting on it raises within
+    seconds instead of waiting out the group's timeout."""
+    spec = GroupSpec(name=f"a{time.monotonic_ns()}", members=("learner_0", "rollout_worker_0"), timeout_s=60.0,
+                     store_file=str(tmp_path / "store"))
+    queue = CTX.Queue()
+    proc = CTX.Process(target=_wait_for_bucket, args=(spec, queue))
+    proc.start()
+    group = WeightGroup(spec, 0)  # returns once both joined (the join's handshake)
+    time.sleep(1.0)
+    group.abort()
+    status, waited, failed = queue.get(timeout=60)
+    proc.join(timeout=30)
+    assert status == "error" and failed and waited < 15.0  # well under timeout_s=60
