@@ -199,7 +199,9 @@ class RolloutWorker:
     def receive_weights(self, version: int) -> int:
         """Weight sync without files: load the tensors learner rank 0 broadcasts now (collective with
         it) as policy `version`; returns the number of tensors. No digest is computed (hashing every
-        weight each step is what this path avoids); the driver's log-prob probe verifies instead."""
+        weight each step is what this path avoids). A failed receive raises and keeps the old
+        version: the engine is finalised, or its process ends (engines/vllm_sync.py), and the driver
+        reloads it through the object store."""
         with self._guarded("receive_weights", update=True):
             count = self._engine.receive_weights()
             if version != self._version:
