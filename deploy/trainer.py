@@ -257,23 +257,20 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------------
     def run(self) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from deploy.progress import StepProgress
 
         cfg = self.cfg.run
         if self.state.step == 0 and self.cfg.eval.at_start:
             self.evaluate("step_0000")
-        with Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TextColumn("{task.description}"), TimeElapsedColumn(),
-                      disable=not cfg.progress) as bar:
-            job = bar.add_task("", total=cfg.total_steps, completed=self.state.step)
+        with StepProgress(cfg.total_steps, self.state.step, enabled=cfg.progress) as progress:
             while True:
                 try:
-                    self._train_steps(lambda record: bar.update(job, advance=1, description=_summary(record)))
+                    self._train_steps(progress.advance)
                     self._finish()
                     break
                 except LearnerGroupFailed as err:
                     self._restart_until_up(err)
-                    bar.update(job, completed=self.state.step)
+                    progress.completed(self.state.step)
         self.sink.plot()
 
     def _train_steps(self, progress: Callable[[dict], None]) -> None:
@@ -396,8 +393,3 @@ def learner_log_dict(m: StepMetrics) -> dict[str, float]:
     for k, v in m.extra_metrics.items():  # sd_* (SMRC-SD) -> sd/*, prop_* (UniSkill proposer) -> uniskill/*
         out[f"sd/{k.removeprefix('sd_')}" if k.startswith("sd_") else f"uniskill/{k}" if k.startswith("prop_") else k] = v
     return out
-
-
-def _summary(record: dict) -> str:
-    return (f"success {record.get('success_rate', 0):.2f}  loss {record.get('loss/total', 0):+.4f}  "
-            f"len {record.get('response_len_mean', 0):.1f}  {record.get('time/rollout_s', 0):.0f}s rollout")
