@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,23 @@ if TYPE_CHECKING:
     from deploy.stages.uniskill import UniSkillStage
 
 console = Console(stderr=True)
+
+WARM_POLICY_RECIPE = ("python -m deploy sft --config deploy/configs/smoke_cpu_mixed.yaml --model runs/tiny/base "
+                      "--out runs/tiny/mixed --num-tasks 40")
+"""A tiny policy that wins about half of its episodes on smoke_cpu_mixed.yaml's env (the UniSkill
+smoke configs' base), so that their groups hold both outcomes; the suite's `warm_model` is built
+by this command."""
+
+
+def uniskill_idle_hint(cfg: TrainConfig, steps: list[dict]) -> str | None:
+    """What to say after a UniSkill run in which no step had a proposal candidate (so nothing was
+    proposed, scored or committed); None when some step had one, or UniSkill is off."""
+    if not cfg.uniskill.enabled or not steps or any(s.get("uniskill/candidates", 0) > 0 for s in steps):
+        return None
+    return ("uniskill: no step had a proposal candidate (a candidate needs a task group with at least two "
+            "successes and two failures), so no skill was proposed. A policy "
+            f"that wins about half makes some: `{WARM_POLICY_RECIPE}`, then train with "
+            "--set model.path=runs/tiny/mixed")
 
 
 def check_run_dir(cfg: TrainConfig, resume: bool) -> Path | None:
@@ -77,6 +95,9 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, cluster: Cluster | N
             console.print(f"resumed from {ckpt} at step {trainer.state.step + 1}")
         trainer.run()
         trainer.faults.finish(trainer.state.step, cfg.run.total_steps)  # RUN/faults.json (`deploy.faults`)
+        hint = uniskill_idle_hint(cfg, [json.loads(line) for line in sink.metrics_path.read_text().splitlines()])
+        if hint is not None:
+            console.print(hint, style="yellow", highlight=False)
     finally:
         trainer.close()
         sink.close()

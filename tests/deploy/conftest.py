@@ -28,12 +28,15 @@ def warm_model(model, tmp_path_factory):
     """`model` after a short SFT by the CLI (`python -m deploy sft`) on the expert demonstrations of
     smoke_cpu_mixed.yaml's env: a policy that wins about half of its episodes there, so groups of
     rollouts hold both outcomes. Shared by the end-to-end tests that need successes; read-only."""
+    from deploy.runner import WARM_POLICY_RECIPE
+
     out = tmp_path_factory.mktemp("model") / "warm"
     config = ROOT / "deploy" / "configs" / "smoke_cpu_mixed.yaml"
-    # a wall-clock budget the SFT never reaches, so the weights do not depend on the machine's load
-    res = subprocess.run([sys.executable, "-m", "deploy", "sft", "--config", str(config), "--model", str(model),
-                          "--out", str(out), "--num-tasks", "40", "--minutes", "60"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
+    # the recipe a UniSkill run without candidates prints, on this session's tiny model
+    args = WARM_POLICY_RECIPE.replace("runs/tiny/base", str(model)).replace("runs/tiny/mixed", str(out)).split()
+    assert args[:3] == ["python", "-m", "deploy"] and str(config.relative_to(ROOT)) in args
+    res = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                         check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     sft = load_config(config).sft
     summary = json.loads((out / "sft_summary.json").read_text())

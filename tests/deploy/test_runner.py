@@ -66,3 +66,16 @@ def test_missing_model_is_refused_before_the_run_dir_is_written(tmp_path):
     with pytest.raises(ConfigError, match="build-tiny-model"):
         run_training(_cfg(tmp_path, tmp_path / "absent"), cluster=_NoCluster())
     assert not (tmp_path / "run").exists()
+
+
+def test_a_uniskill_run_without_any_candidate_says_how_to_get_some():
+    from deploy.runner import WARM_POLICY_RECIPE, uniskill_idle_hint
+
+    uniskill = load_config(None, ["uniskill.enabled=true"])
+    idle = [{"step": 1, "uniskill/candidates": 0.0}, {"step": 2, "uniskill/candidates": 0.0}]
+    hint = uniskill_idle_hint(uniskill, idle)
+    assert hint is not None and "no step had a proposal candidate" in hint and WARM_POLICY_RECIPE in hint
+    assert uniskill_idle_hint(uniskill, [*idle, {"step": 3, "uniskill/candidates": 2.0}]) is None
+    assert uniskill_idle_hint(load_config(None, []), idle) is None  # UniSkill off
+    assert uniskill_idle_hint(uniskill, []) is None  # no step ran
+
