@@ -4,7 +4,8 @@ operations before and after the reward rules").
 Reads each run's archived proposals (RUN/uniskill/proposals_step_N.jsonl) and writes, per run: the op
 shares of the proposals (NO_SKILL / ADD / UPDATE / parse failure) per step, over all steps, after the
 warm-up and over the last `--last` steps; the mean reward per op after the warm-up; how many NO_SKILL
-proposals the critic judged unreasonable; and the bank's decisions (accepted = applied).
+proposals the critic judged unreasonable, how many edits it passed and how many had text the bank
+would refuse; and the bank's decisions (accepted = applied).
 
     python bench/uniskill_ops.py runs/uniskill_ops/before runs/uniskill_ops/after \\
         --out results/uniskill_ops/ops.json
@@ -60,6 +61,9 @@ def summarise(run: Path, *, last: int) -> dict:
         "mean_reward_after_warmup": mean_reward_per_op(after_warmup),
         "no_skill_after_warmup": len(no_skill),
         "no_skill_judged_unreasonable": sum(r["verdict_passed"] is False for r in no_skill),
+        "edits_after_warmup_refused_text": sum("invalid skill text" in r["verdict_reason"] for r in after_warmup),
+        "edits_after_warmup_critic_passed": sum(r["op"] in OPS[1:] and r["verdict_passed"] is True
+                                                for r in after_warmup),
         "decisions": dict(Counter(r["decision"] or "none" for r in records)),
         "applied": sum(r["decision"] == "accepted" for r in records),
     }
@@ -70,9 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="finished UniSkill run directories")
     ap.add_argument("--last", type=int, default=3, help="steps at the end summarised on their own (3)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    ap.add_argument("--note", default="", help="what the runs are (code, config), kept in the JSON")
     args = ap.parse_args(argv)
     given = sys.argv[1:] if argv is None else list(argv)
-    out = {"command": " ".join(["python bench/uniskill_ops.py", *given]),
+    out = {"command": " ".join(["python bench/uniskill_ops.py", *given]), "note": args.note,
            "runs": {run.name: summarise(run, last=args.last) for run in args.runs}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
