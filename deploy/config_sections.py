@@ -176,14 +176,15 @@ class MethodConfig(Section):
     condensed from earlier experience of the task (routing/skills.py); they set learner.sd.form."""
     matcher: Literal["structured", "history", "observation"] = "structured"
     """Routing matcher (SMRC-SD default: structured state signatures)."""
-    candidate: Literal["first_visit", "last_visit", "loop_erased"] = "first_visit"
+    candidate: Literal["first_visit", "last_visit", "loop_erased"] = "last_visit"
     """Which reference visit of a matched state the routed position and candidate action come from
     when the reference (one of the policy's own wins) visits that state more than once: the first
     visit after the previous match (its action may start a detour), the last visit (the one the
     reference left for good), or loop_erased (the reference's cycles between repeated states are
     removed before matching, so every routed position is on its final path). Every rule binds the
     candidate to the student's held instance. Default chosen by the rule in docs/testbed.md
-    ("SMRC-SD candidate rule"); routing.matching.DEFAULT_CANDIDATE is the same value."""
+    ("SMRC-SD candidate rule"; measured in docs/results.md, "SMRC-SD candidate quality");
+    routing.matching.DEFAULT_CANDIDATE is the same value."""
     audit_matchers: tuple[Literal["structured", "history", "observation"], ...] = ("structured", "history")
     """Matchers whose coverage is logged every step (route/coverage_<name>)."""
     context_parts: tuple[Literal["full_reference", "state_summary", "candidate_action"], ...] | None = None

@@ -46,7 +46,7 @@ def test_structured_detour_and_loop() -> None:
 
 def test_structured_monotone_alignment_on_repeated_reference_states() -> None:
     ref = trace("abab c".replace(" ", ""))  # positions: a0 b1 a2 b3 c4
-    out = route("structured", trace("abababc"), ref)
+    out = route("structured", trace("abababc"), ref, "first_visit")
     assert [d.ref_position for d in out] == [0, 1, 2, 3, 2, 3, 4]
     assert out[4].reason == "structured:last_occurrence"
     assert [d.candidate_action for d in out][:4] == ["a0", "a1", "a2", "a3"]
@@ -102,8 +102,9 @@ def test_observation_matcher_normalises_and_is_monotone() -> None:
     student = trace(
         "xyzw", observations=["you see a.", "nothing happens.", "NOTHING happens.", "nothing happens."]
     )
-    out = route("observation", student, ref)
+    out = route("observation", student, ref, "first_visit")
     assert [d.ref_position for d in out] == [0, 1, 2, 2]
+    assert [d.ref_position for d in route("observation", student, ref, "last_visit")] == [0, 2, 2, 2]
     assert normalize_text("  A\n b\tC ") == "a b c"
 
 

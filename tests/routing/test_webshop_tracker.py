@@ -207,9 +207,16 @@ def test_signatures_for_episode_and_structured_matching():
         observations=s_obs,
         signatures=signatures_for_episode("t", "", INSTR, s_obs, s_act, admissible=s_adm),
     )
-    decisions = route("structured", student, reference)
+    decisions = route("structured", student, reference, "first_visit")
     assert [d.ref_position for d in decisions] == [0, 1, 2, 1, 2, 3, 4, 5, 6]
     assert [d.candidate_action for d in decisions][:4] == [actions[0], actions[1], actions[2], actions[1]]
+    # the reference's description page is a loop (item -> description -> the same item state): the
+    # last visit skips it, and loop erasure leaves the description state unmatched
+    last = route("structured", student, reference, "last_visit")
+    assert [d.ref_position for d in last] == [0, 1, 2, 1, 2, 5, 4, 5, 6]
+    assert last[5].candidate_action == "click[large]"
+    erased = route("structured", student, reference, "loop_erased")
+    assert [d.ref_position for d in erased] == [0, 1, 2, 1, 2, 5, None, 5, 6]
     history = route("history", student, reference)
     assert [d.matched for d in history] == [True, True, True, False, False, False, False, False, False]
     # observation matching cannot see the selected options (text mode does not echo them)
