@@ -30,6 +30,8 @@ of the policy's own wins, and it wanders):
 With no visit after the previous match, every rule falls back to the last visit ("last_occurrence").
 The rules concern the matchers keyed by state (structured, observation); the history matcher's
 states are action prefixes, which never repeat, so all three rules give it the same decisions.
+Training's router uses `method.candidate` (default `DEFAULT_CANDIDATE`, last_visit); a `route`
+call that names no rule gets the first visit (`UNNAMED_CANDIDATE`).
 
 Instance binding: a signature may name an object by class only (ALFWorld's inventory is "soapbar",
 not "soapbar 2"), so a student holding soapbar 1 matches a reference position holding soapbar 2,
@@ -53,8 +55,12 @@ MatcherName = Literal["structured", "history", "observation"]
 CandidateRule = Literal["first_visit", "last_visit", "loop_erased"]
 CANDIDATE_RULES: tuple[CandidateRule, ...] = get_args(CandidateRule)
 DEFAULT_CANDIDATE: CandidateRule = "last_visit"
-"""`method.candidate`'s default: the rule fixed in docs/testbed.md before the measurement ranked
-last_visit first (tied with loop_erased; docs/results.md, "SMRC-SD candidate quality")."""
+"""`method.candidate`'s default, which training's router uses: the rule fixed in docs/testbed.md
+before the measurement ranked last_visit first (tied with loop_erased; docs/results.md, "SMRC-SD
+candidate quality")."""
+UNNAMED_CANDIDATE: CandidateRule = "first_visit"
+"""The rule of a `route` call that names none: the first visit, which the testbed's teacher data
+(detour candidates on purpose) and the committed builds and audits were made with."""
 
 
 def normalize_text(text: str) -> str:
@@ -77,7 +83,7 @@ class RouteTrace:
 
 class Matcher(Protocol):
     def __call__(self, student: RouteTrace, reference: RouteTrace,
-                 candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]: ...
+                 candidate: CandidateRule = UNNAMED_CANDIDATE) -> list[RouteDecision]: ...
 
 
 _NO = RouteDecision(matched=False, reason="no_match")
@@ -176,7 +182,7 @@ def _monotone(
 
 
 def match_structured(student: RouteTrace, reference: RouteTrace,
-                     candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
+                     candidate: CandidateRule = UNNAMED_CANDIDATE) -> list[RouteDecision]:
     """Signature hash-map matching with monotone alignment."""
     s = _require(student, "signatures", "student")
     r = _require(reference, "signatures", "reference")
@@ -184,7 +190,7 @@ def match_structured(student: RouteTrace, reference: RouteTrace,
 
 
 def match_observation(student: RouteTrace, reference: RouteTrace,
-                      candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
+                      candidate: CandidateRule = UNNAMED_CANDIDATE) -> list[RouteDecision]:
     """Exact normalised observation equality with monotone alignment."""
     s = [normalize_text(o) for o in _require(student, "observations", "student")]  # type: ignore[arg-type]
     r = [normalize_text(o) for o in _require(reference, "observations", "reference")]  # type: ignore[arg-type]
@@ -192,7 +198,7 @@ def match_observation(student: RouteTrace, reference: RouteTrace,
 
 
 def match_history(student: RouteTrace, reference: RouteTrace,
-                  candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
+                  candidate: CandidateRule = UNNAMED_CANDIDATE) -> list[RouteDecision]:
     """Match turn t at k = t while the normalised action prefixes agree (once they diverge, never
     again). `candidate` changes nothing: action prefixes never repeat."""
     out: list[RouteDecision] = []
@@ -219,7 +225,7 @@ MATCHERS: dict[MatcherName, Matcher] = {
 
 
 def route(name: MatcherName, student: RouteTrace, reference: RouteTrace | None,
-          candidate: CandidateRule = DEFAULT_CANDIDATE) -> list[RouteDecision]:
+          candidate: CandidateRule = UNNAMED_CANDIDATE) -> list[RouteDecision]:
     """Decisions for every student turn under the candidate rule `candidate`; all unmatched
     (reason "no_reference") without a reference."""
     if candidate not in CANDIDATE_RULES:
