@@ -116,8 +116,11 @@ class BroadcastSync:
 
         if self.spec is not None:
             return self.spec
-        counts = get_all([w.weight_group_ranks.remote() for w in workers], timeout_s=self._timeout(),
-                         what="weight-sync group size", knob="sync.timeout_s")
+        # every member answers first (an actor still starting up would otherwise use up the join's
+        # sync.timeout_s); the learner's answer is only that it is up
+        *counts, _ = get_all([*(w.weight_group_ranks.remote() for w in workers), learner0.get_version.remote()],
+                             timeout_s=self.cfg.ray.call_timeout_s, what="weight-sync group members",
+                             knob="ray.call_timeout_s")
         members = ["learner_0"]
         for w, n in enumerate(counts):
             members += [f"rollout_worker_{w}" + (f"/tp{j}" if n > 1 else "") for j in range(n)]
