@@ -101,7 +101,7 @@ def make_router(cfg: TrainConfig) -> TeacherRouter | None:
     return TeacherRouter(
         method=m.name, matcher=m.matcher, parts=frozenset(m.context_parts) if m.context_parts is not None else None,
         audit_matchers=m.audit_matchers, rollout=cfg.rollout, tokenizer=AutoTokenizer.from_pretrained(cfg.model.path),
-        max_chars=m.teacher_max_chars, seed=cfg.run.seed)
+        max_chars=m.teacher_max_chars, seed=cfg.run.seed, candidate=m.candidate)
 
 
 def make_skill_stage(cfg: TrainConfig, cluster: Cluster) -> UniSkillStage | None:

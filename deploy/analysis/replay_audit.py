@@ -36,7 +36,7 @@ from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.types import TaskSpec
 from rollout_workers.types import Trajectory
-from routing.matching import MATCHERS, bind_action, binding, route
+from routing.matching import MATCHERS, UNNAMED_CANDIDATE, CandidateRule, bind_action, binding, route
 from routing.reference import SuccessBuffer
 from routing.types import RouteDecision
 
@@ -126,6 +126,13 @@ def load_env_config(run_dir: Path) -> EnvConfig:
     return EnvConfig.model_validate(data["env"])
 
 
+def run_candidate_rule(run_dir: Path) -> CandidateRule:
+    """The candidate rule RUN_DIR trained with (`method.candidate` in its config.resolved.json; a run
+    from before that setting existed used the first visit)."""
+    data = json.loads((Path(run_dir) / "config.resolved.json").read_text())
+    return data.get("method", {}).get("candidate", UNNAMED_CANDIDATE)
+
+
 def iter_steps(run_dir: Path) -> Iterator[tuple[int, list[Trajectory]]]:
     """(step, trajectories) for every archived step file, in step order."""
     files = sorted((Path(run_dir) / "trajectories").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1]))
@@ -158,6 +165,7 @@ def run_replay_audit(
     matchers: Sequence[str] = AUDIT_MATCHERS,
 ) -> ReplayAuditResult:
     run_dir = Path(run_dir)
+    candidate = run_candidate_rule(run_dir)
     matchers = tuple(matchers)
     for m in matchers:
         if m not in MATCHERS:
@@ -178,7 +186,7 @@ def run_replay_audit(
                 continue
             with_ref += len(ep.traj.turns)
             student, reference = ep.trace(), ref.trace()
-            decisions = {m: route(m, student, reference) for m in matchers}
+            decisions = {m: route(m, student, reference, candidate) for m in matchers}
             for t in range(len(ep.traj.turns)):
                 hits = {m: ds[t] for m, ds in decisions.items() if ds[t].matched}
                 if hits:

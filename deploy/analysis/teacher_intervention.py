@@ -27,6 +27,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from deploy.analysis.replay_audit import run_candidate_rule
 from deploy.analysis.stats import bootstrap_ci, paired_bootstrap_ci, unpaired_bootstrap_ci
 from deploy.config import TrainConfig
 from deploy.config_loading import load_config
@@ -35,7 +36,7 @@ from envs.registry import make_env
 from rollout_workers.episode import Episode
 from rollout_workers.parsing import action_choice
 from rollout_workers.types import Trajectory
-from routing.matching import RouteTrace, route
+from routing.matching import UNNAMED_CANDIDATE, CandidateRule, RouteTrace, route
 from routing.reference import SuccessBuffer
 from routing.types import RouteDecision
 
@@ -105,15 +106,17 @@ def load_trajectories(run_dir: Path) -> list[tuple[str, list[Trajectory]]]:
     return out
 
 
-def collect_states(steps: list[tuple[str, list[Trajectory]]], matcher: str = "structured") -> list[_State]:
-    """Every turn with a reference, references chosen as the trainer's router chooses them."""
+def collect_states(steps: list[tuple[str, list[Trajectory]]], matcher: str = "structured",
+                   candidate: CandidateRule = UNNAMED_CANDIDATE) -> list[_State]:
+    """Every turn with a reference, references chosen and matched as the trainer's router does
+    under the candidate rule `candidate`."""
     buffer, states = SuccessBuffer(), []
     for name, trajs in steps:
         for ep, ref in with_references(trajs, buffer):
             if ref is None:
                 continue
             student = ep.trace()
-            for t, d in enumerate(route(matcher, student, ref.trace())):
+            for t, d in enumerate(route(matcher, student, ref.trace(), candidate)):
                 states.append(_State(ep, t, ref, d, student, name))
     return states
 
@@ -243,7 +246,8 @@ def run_teacher_intervention(run_dir: Path, *, model_path: str, max_states: int 
                              out_dir: Path | None = None, batch_size: int = 8) -> InterventionResult:
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.resolved.json")
-    states = sample_states(collect_states(load_trajectories(run_dir)), max_states, seed)
+    states = sample_states(collect_states(load_trajectories(run_dir), candidate=run_candidate_rule(run_dir)),
+                           max_states, seed)
     if not states:
         raise ValueError(f"{run_dir}: no archived turn has a reference (need trajectories/step_*.jsonl with "
                          "successes of the same task)")
