@@ -261,11 +261,13 @@ class SyncConfig(Section):
     """Size of one broadcast bucket in MiB (a larger tensor travels alone); bounds the transient
     memory on each side."""
     verify: bool = False
-    """After every sync, each engine samples a fixed probe and the learner re-scores it; a
-    log-prob difference above `verify_tol` stops the run (costs one short generate + score)."""
+    """After every sync, each engine samples a fixed probe and the learner re-scores it: logged as
+    sync/probe_max_dlogp and sync/probe_mean_dlogp, with a warning above `verify_tol` (a measurement,
+    not a gate; costs one short generate + score per sync). Off by default because every step's
+    mismatch/* metrics measure the same gap on the step's own sampled tokens."""
     verify_tol: float | None = Field(None, gt=0)
-    """Largest |engine - learner| log-prob the probe allows (`verify`, and a restarted worker's
-    check under broadcast); None: 1e-4 when engine.dtype and learner.dtype are both float32,
+    """|engine - learner| log-prob above which the probe (`verify`) warns; None: 1e-4 when
+    engine.dtype and learner.dtype are both float32,
     else 0.1 (bf16 kernels of the engine and the learner differ by more than fp32 rounding)."""
     timeout_s: float = Field(600.0, gt=0)
     """Bound on the group's rendezvous and on every broadcast: a member that died or stopped

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
+from typing import Self
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,7 +29,7 @@ class StepProgress:
         self._task = None
         self._start = time.perf_counter()
 
-    def __enter__(self) -> StepProgress:
+    def __enter__(self) -> Self:
         if self.live:
             self._bar = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                                  TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console)

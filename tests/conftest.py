@@ -65,3 +65,8 @@ def alfworld_data_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
             shutil.rmtree(staging, ignore_errors=True)
     return root
 
+
+
+# README's runs (tests/readme/session.py), registered here once for the whole suite: a session
+# fixture imported into two test modules would be two fixtures, and README's blocks would run twice.
+from tests.readme.session import readme_demo, readme_first_run, readme_session  # noqa: F401

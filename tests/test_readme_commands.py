@@ -11,7 +11,8 @@ import pytest
 
 from tests.readme.blocks import bash_blocks, fenced_blocks
 from tests.readme.manifest import DEMO_LINE, MANIFEST, Instead
-from tests.readme.session import README, ReadmeSession, failures, readme_first_run, readme_session  # noqa: F401
+from tests.readme.session import README, ReadmeSession, failures
+from tests.vllm_logs import VLLM_INFO
 
 BLOCKS = bash_blocks(README)
 
@@ -45,7 +46,7 @@ def _gcs_processes(port: int) -> list[psutil.Process]:
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"{i}-{b.heading}" for i, b in enumerate(BLOCKS)])
-def test_readme_block_runs(readme_session: ReadmeSession, index: int):  # noqa: F811
+def test_readme_block_runs(readme_session: ReadmeSession, index: int):
     result = readme_session.run(index)
     problems = failures(result, readme_session.workspace)
     assert not problems, "\n".join(problems)
@@ -56,7 +57,32 @@ def test_readme_block_runs(readme_session: ReadmeSession, index: int):  # noqa: 
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.ray
-def test_first_run_fixture_exposes_the_finished_run(readme_first_run, readme_session):  # noqa: F811
+def test_first_run_fixture_exposes_the_finished_run(readme_first_run, readme_session):
     assert (readme_first_run / "runs/smoke/checkpoints/step_000004/hf").is_dir()
     # every run shut its vLLM engine down at its end: no rendezvous file is left in TMPDIR
     assert not [p.name for p in readme_session.tmpdir.iterdir() if p.name.startswith(("vllm_dist_", "agentrl_vllm_"))]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.ray
+def test_first_run_keeps_the_console_for_the_run_and_engine_logs_in_run_logs(readme_first_run, readme_session):
+    """README's first `train` (vLLM) prints the run's stages and its directory; every actor's engine and
+    framework output goes to runs/smoke/logs/<actor>.log instead (`--verbose` brings it back:
+    tests/deploy/test_e2e_logs.py)."""
+    console = readme_session.result_of(
+        "$PY -m deploy train --config deploy/configs/smoke_cpu.yaml --set model.path=runs/tiny/sft").output
+    logs = readme_first_run / "runs/smoke/logs"
+    names = {p.name for p in logs.glob("*.log")}
+    assert {"driver.log", "rollout_worker_0.log", "learner_rank0.log", "env_pool_0.log"} <= names, names
+    worker = (logs / "rollout_worker_0.log").read_text()
+    assert VLLM_INFO.search(worker), worker[:2000]
+    # vLLM's "ParallelLMHead: Failed to load weights" after every sync of a tied-embedding model is
+    # harmless and filtered out (rollout_workers/engines/vllm_sync.py), in the log as on the console
+    assert "ParallelLMHead" not in worker
+    assert "Started a local Ray instance" in (logs / "driver.log").read_text()
+
+    assert "ParallelLMHead" not in console
+    assert not VLLM_INFO.search(console), console[-3000:]
+    assert "NUMA binding" not in console and "reduce_op" not in console
+    assert "run written to" in console and "engine and framework logs:" in console

@@ -183,3 +183,23 @@ def alfworld_files_run(factory: pytest.TempPathFactory, model: Path, data_dir: P
                       "env.data_path=${ALFWORLD_DATA}", "eval.splits=[valid_seen, valid_unseen]", "eval.num_tasks=all",
                       "run.loggers=[tensorboard, wandb]",
                       env={"ALFWORLD_DATA": str(data_dir), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+
+
+# ---- WebShop ------------------------------------------------------------------------------------
+
+WEBSHOP_SETS = ("run.total_steps=1", "eval.at_end=false", "env.max_steps=6", "env.webshop_success_score=0.5",
+                "rollout.seed=2")
+"""One step of a WebShop smoke config on the untrained tiny model, small, with something to route: a
+6-step horizon, "success" at a purchase score >= 0.5 (the tiny model's purchases score 0-0.5; with the
+shipped 1.0 no group holds a success, so no turn would get a reference), and a sampling seed whose
+step holds such a purchase (the HF engine samples the same tokens for the same seed)."""
+WEBSHOP_GIGPO = CONFIGS / "smoke_cpu_webshop_gigpo.yaml"
+"""The one WebShop run that also evaluates at its end: test_methods_webshop checks its GiGPO
+advantages, test_env_smoke its step and evaluation counts and WebShop scores."""
+
+
+def webshop_run(factory: pytest.TempPathFactory, config: Path, model: Path) -> Path:
+    """`config` trained one step with WEBSHOP_SETS (and the final evaluation for WEBSHOP_GIGPO), once
+    per session."""
+    evaluate = ("eval.at_end=true",) if config == WEBSHOP_GIGPO else ()
+    return shared_run(factory, config, f"model.path={model}", *WEBSHOP_SETS, *evaluate)

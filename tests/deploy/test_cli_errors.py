@@ -190,10 +190,13 @@ def test_ctrl_c_during_train_says_what_was_saved_and_resumes(model, tmp_path: Pa
             "--set", "engine.engine=hf"]  # the interrupt is the point here; vLLM end to end is README's first run
     # As a terminal starts a foreground command: its own process group, SIGINT at its default. A
     # background job of a script (`make test` run with `&`, `nohup ... &`) inherits SIGINT ignored,
-    # and Python then never raises KeyboardInterrupt.
-    proc = subprocess.Popen([sys.executable, "-m", "deploy", *args], cwd=tmp_path, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # and Python then never raises KeyboardInterrupt; a handled signal is reset to its default by exec.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "deploy", *args], cwd=tmp_path, env=ENV, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     def saved() -> bool:  # some step's checkpoint is complete (its trainer state is written last)
         return any((run / "checkpoints").glob("step_*/trainer_state.json"))
 

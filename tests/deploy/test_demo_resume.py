@@ -5,6 +5,7 @@ continues at GRPO, with the same figures as the first run."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,14 +18,16 @@ from deploy.config_sections import SFTConfig
 from deploy.laptop.demo import STATE_FILE, open_state, rl_checkpoint_step
 from deploy.laptop.sft import SFTTimeCapReached, build_model_from_env, planned_steps, run_sft
 from deploy.trainer import TrainerState
+from tests.readme.manifest import DEMO_LINE, DEMO_TINY
+from tests.readme.session import FinishedDemo
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "deploy" / "configs" / "demo_cpu.yaml"
-TINY = ["run.total_steps=1", "run.progress=false", "env.max_steps=8", "rollout.group_size=2",
-        "rollout.tasks_per_step=2", "eval.num_tasks=2", "eval.k=1", "sft.num_tasks=4", "sft.batch_rows=4",
-        "sft.max_steps=2", "engine.kv_cache_memory_bytes=268435456", "ray.envs_per_pool=8", "ray.learner_cpus=1"]
-"""The demo shrunk to a few tasks, 2 SFT steps and 1 GRPO step."""
 SKIPPED = ("1/5", "2/5", "3/5", "4/5")
+
+
+TINY = list(DEMO_TINY)
+"""The demo shrunk to a few tasks, 2 SFT steps and 1 GRPO step: the sizes README's `make demo` test ran at."""
 
 
 def _cfg(*overrides: str):
@@ -135,12 +138,14 @@ def _last_line(res: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def finished_demo(tmp_path_factory):
+def finished_demo(readme_demo: FinishedDemo, tmp_path_factory):
+    """README's tiny `make demo` (its first run, in a fresh directory), copied: (out, its demo line)."""
+    assert "runs/demo holds no demo: starting afresh" in readme_demo.output
+    line = re.search(DEMO_LINE, readme_demo.output)
+    assert line is not None, readme_demo.output[-3000:]
     out = tmp_path_factory.mktemp("demo") / "out"
-    res = _demo(out)
-    assert "holds no demo: starting afresh" in res.stderr
-    assert _last_line(res).startswith("demo success rate (valid_unseen): ")
-    return out, res
+    shutil.copytree(readme_demo.out, out)
+    return out, line.group(0)
 
 
 @pytest.mark.e2e
@@ -157,7 +162,7 @@ def test_a_second_demo_run_skips_every_finished_stage(finished_demo):
         assert f"{stage} " in again.stderr and "skipped" in again.stderr.split(stage, 1)[1].splitlines()[0]
     assert "5/5 GRPO on local Ray (vLLM engines, DeepSpeed learner, env actors): finished earlier" in again.stderr
     assert _stage_files(out) == before
-    assert _last_line(again) == _last_line(first)
+    assert _last_line(again) == first
 
 
 @pytest.mark.e2e
@@ -179,4 +184,4 @@ def test_a_demo_with_a_finished_sft_but_no_rl_continues_at_rl(finished_demo, tmp
     assert (out / "rl" / "checkpoints" / "step_000001" / "trainer_state.json").is_file()
     final = json.loads((out / "rl" / "eval" / "step_0001.json").read_text())
     assert final["per_task"] == json.loads((first_out / "rl" / "eval" / "step_0001.json").read_text())["per_task"]
-    assert _last_line(res) == _last_line(first)
+    assert _last_line(res) == first

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.shared_runs import CONFIGS, alfworld_files_run, shared_run
+from tests.deploy.shared_runs import CONFIGS, WEBSHOP_GIGPO, alfworld_files_run, shared_run, webshop_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
@@ -74,7 +74,8 @@ def _check_counts(step: dict, evaluations: dict[str, dict], trajs: list[dict], c
 def test_webshop_trains_and_evaluates(model, tmp_path_factory):
     from envs.tasks import task_list
 
-    step, evaluations, trajs, cfg = _read(_run(tmp_path_factory, CONFIGS / "smoke_cpu_webshop.yaml", model))
+    # the WebShop run test_methods_webshop trains (GiGPO on smoke_cpu_webshop.yaml), with its evaluation
+    step, evaluations, trajs, cfg = _read(webshop_run(tmp_path_factory, WEBSHOP_GIGPO, model))
     _check_counts(step, evaluations, trajs, cfg)
     evaluation = evaluations[cfg.eval.split]
     train_ids = {t.task_id for t in task_list(cfg.env, "train")}

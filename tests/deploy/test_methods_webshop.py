@@ -21,7 +21,7 @@ from rollout_workers.engines.hf_engine import HFEngine
 from rollout_workers.episode import Episode
 from rollout_workers.loop import run_episodes
 from rollout_workers.types import Generation
-from tests.deploy.shared_runs import shared_run
+from tests.deploy.shared_runs import WEBSHOP_GIGPO, WEBSHOP_SETS, webshop_run
 
 TINY = TinyModelConfig(
     vocab_size=300,
@@ -126,11 +126,7 @@ def test_smrc_routes_matched_turns_with_webshop_context(episodes):
 # --- every WebShop method smoke config trains -----------------------------
 # One training step per config on local Ray (HF engine, DeepSpeed CPU learner, env actors) with the
 # untrained tiny model; the HF engine because these tests are about WebShop routing and the losses, not
-# the engine (`shared_runs_a`). Two test-only overrides keep it small and give routing something to do:
-# a 6-step horizon, and "success" at a purchase score >= 0.5 (the tiny model's purchases score 0-0.5;
-# with the shipped 1.0 no group holds a success, so no turn would get a reference). Few of its purchases
-# score 0.5, so a third override picks a sampling seed whose step holds one (the HF engine samples the same
-# tokens for the same seed: the step is reproducible).
+# the engine (`shared_runs`), with the test-only overrides of `shared_runs.WEBSHOP_SETS`.
 
 E2E = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,9 +135,6 @@ TRAINED = {"smoke_cpu_webshop_smrc_sd", "smoke_cpu_webshop_fullpath_sd", "smoke_
 WEBSHOP_SD = [c for c in WEBSHOP_ALL_SD if c.stem in TRAINED]
 WEBSHOP_REPLAYED = [c for c in WEBSHOP_ALL_SD if c.stem not in TRAINED]
 WEBSHOP_SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_webshop_smrc_sd.yaml"
-WEBSHOP_GIGPO = ROOT / "deploy" / "configs" / "smoke_cpu_webshop_gigpo.yaml"
-TEST_SETS = ("run.total_steps=1", "eval.at_end=false", "env.max_steps=6", "env.webshop_success_score=0.5",
-             "rollout.seed=2")
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +142,7 @@ def webshop_runs(model, tmp_path_factory):
     """Trains `config` one step once per session (shared by the tests that read the same run)."""
 
     def get(config: Path) -> dict:
-        out = shared_run(tmp_path_factory, config, f"model.path={model}", *TEST_SETS)
+        out = webshop_run(tmp_path_factory, config, model)
         (step,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         (archive,) = (out / "trajectories").glob("step_*.jsonl")
         return {"step": step, "config": json.loads((out / "config.resolved.json").read_text()),
@@ -266,10 +259,10 @@ def test_webshop_method_config_routes_the_trained_step(config, webshop_runs, mod
 
     trained = webshop_runs(WEBSHOP_SMRC_SD)
     trajs = trained["trajectories"]
-    trained_cfg, again = replay_routing(WEBSHOP_SMRC_SD, model, trajs, *TEST_SETS)
+    trained_cfg, again = replay_routing(WEBSHOP_SMRC_SD, model, trajs, *WEBSHOP_SETS)
     assert {k: v for k, v in again.metrics.items() if k.startswith("route/")} == pytest.approx(
         {k: v for k, v in trained["step"].items() if k.startswith("route/")})
-    cfg, result = replay_routing(config, model, trajs, *TEST_SETS)
+    cfg, result = replay_routing(config, model, trajs, *WEBSHOP_SETS)
     # the same sampling as the trained run: only the method block (and a skill method's loss form) differ
     assert config_differences(cfg, trained_cfg) <= {"run", "method", "learner"}
     assert cfg.learner.model_copy(update={"sd": trained_cfg.learner.sd}) == trained_cfg.learner

@@ -151,6 +151,11 @@ class ReadmeSession:
             self._done[index] = run_block(block, self.workspace, self.tmpdir)
         return self._done[index]
 
+    def result_of(self, command: str) -> CommandResult:
+        """What a README command did, in a block that has run."""
+        (found,) = [r for b in self._done.values() for r in b.commands if r.command == command]
+        return found
+
 
 def failures(result: BlockResult, workspace: Path) -> list[str]:
     """What went wrong in a block, command by command (empty: every command did what the README says)."""
@@ -186,3 +191,22 @@ def readme_first_run(readme_session: ReadmeSession) -> Path:
     problems = failures(result, readme_session.workspace)
     assert not problems, "\n".join(problems)
     return readme_session.workspace
+
+
+@dataclass(frozen=True)
+class FinishedDemo:
+    out: Path
+    """runs/demo of the README workspace: read-only, copy it before running the demo there again."""
+    output: str
+    """What the demo printed (stdout, then stderr)."""
+
+
+@pytest.fixture(scope="session")
+def readme_demo(readme_session: ReadmeSession) -> FinishedDemo:
+    """The workspace's runs/demo after README's `make demo` ran (at the manifest's tiny sizes) and did
+    what the README says. Shared by the session (tests/deploy/test_demo_resume.py runs it again)."""
+    index = next(i for i, b in enumerate(readme_session.blocks) if "make demo" in b.commands)
+    result = readme_session.run(index)
+    problems = failures(result, readme_session.workspace)
+    assert not problems, "\n".join(problems)
+    return FinishedDemo(readme_session.workspace / "runs" / "demo", readme_session.result_of("make demo").output)
