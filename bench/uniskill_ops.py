@@ -3,7 +3,7 @@ operations before and after the reward rules").
 
 Reads each run's archived proposals (RUN/uniskill/proposals_step_N.jsonl) and writes, per run: the op
 shares of the proposals (NO_SKILL / ADD / UPDATE / parse failure) per step, over all steps, after the
-warm-up and over the last `--last` steps; the mean reward per op after the warm-up; how many NO_SKILL
+warm-up and from step `--from-step` on (a step whose groups held no candidate has no proposals); the mean reward per op after the warm-up; how many NO_SKILL
 proposals the critic judged unreasonable, how many edits it passed and how many had text the bank
 would refuse; and the bank's decisions (accepted = applied).
 
@@ -43,13 +43,13 @@ def mean_reward_per_op(records: Sequence[dict]) -> dict[str, float | None]:
     return out
 
 
-def summarise(run: Path, *, last: int) -> dict:
+def summarise(run: Path, *, from_step: int) -> dict:
     records = load_records(run)
     if not records:
         raise SystemExit(f"error: {run} has no uniskill/proposals_step_*.jsonl; pass a finished UniSkill run")
     steps = sorted({r["step"] for r in records})
     after_warmup = [r for r in records if not r["warmup"]]
-    tail = [r for r in records if r["step"] in steps[-last:]]
+    tail = [r for r in records if r["step"] >= from_step]
     no_skill = [r for r in after_warmup if r["op"] == "no_edit"]
     return {
         "run": str(run),
@@ -57,7 +57,7 @@ def summarise(run: Path, *, last: int) -> dict:
         "per_step": {str(s): op_shares([r for r in records if r["step"] == s]) for s in steps},
         "all_steps": op_shares(records),
         "after_warmup": op_shares(after_warmup),
-        f"last_{last}_steps": op_shares(tail),
+        f"steps_{from_step}_on": op_shares(tail),
         "mean_reward_after_warmup": mean_reward_per_op(after_warmup),
         "no_skill_after_warmup": len(no_skill),
         "no_skill_judged_unreasonable": sum(r["verdict_passed"] is False for r in no_skill),
@@ -72,18 +72,18 @@ def summarise(run: Path, *, last: int) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="finished UniSkill run directories")
-    ap.add_argument("--last", type=int, default=3, help="steps at the end summarised on their own (3)")
+    ap.add_argument("--from-step", type=int, default=8, help="first step of the tail summarised on its own (8)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     ap.add_argument("--note", default="", help="what the runs are (code, config), kept in the JSON")
     args = ap.parse_args(argv)
     given = sys.argv[1:] if argv is None else list(argv)
     out = {"command": " ".join(["python bench/uniskill_ops.py", *given]), "note": args.note,
-           "runs": {run.name: summarise(run, last=args.last) for run in args.runs}}
+           "runs": {run.name: summarise(run, from_step=args.from_step) for run in args.runs}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for name, s in out["runs"].items():
-        t = s[f"last_{args.last}_steps"]
-        print(f"{name}: last {args.last} steps NO_SKILL {t['no_edit']:.2f} ADD {t['add']:.2f} "
+        t = s[f"steps_{args.from_step}_on"]
+        print(f"{name}: steps {args.from_step}+ NO_SKILL {t['no_edit']:.2f} ADD {t['add']:.2f} "
               f"UPDATE {t['update']:.2f} unparsed {t['unparsed']:.2f} of {t['proposals']}; applied {s['applied']}")
     return 0
 
