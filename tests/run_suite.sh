@@ -2,7 +2,8 @@
 # `make test`: the whole suite as two pytest processes side by side on the two cores, each running
 # its end-to-end tests (`-m e2e`: a local Ray cluster with engines, learners and env actors each,
 # about 1.5 cores) one after another. Process A runs the end-to-end files that need the SFT-warmed
-# model (built once there) and the longest others, with its output in runs/test-e2e.log (printed
+# model or README's runs (each built once there: test_demo_resume reruns README's demo) and the
+# longest others, with its output in runs/test-e2e.log (printed
 # when it ends); process B, on the console, runs everything else first and then the end-to-end
 # files listed in E2E_B. The two were balanced on measured times (docs/results.md, "Test suite
 # time"). A new end-to-end file goes to A unless listed. Exits non-zero when either fails, or when
@@ -10,9 +11,10 @@
 set -u
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
-E2E_B=(tests/deploy/test_env_smoke.py tests/deploy/test_evaluation_splits.py tests/deploy/test_demo_resume.py
+E2E_B=(tests/deploy/test_env_smoke.py tests/deploy/test_evaluation_splits.py
        tests/deploy/test_methods_webshop.py tests/deploy/test_e2e_logs.py tests/deploy/test_elastic.py
-       tests/deploy/test_weight_sync.py tests/deploy/test_uniskill_analysis.py tests/deploy/test_cli_errors.py)
+       tests/deploy/test_weight_sync.py tests/deploy/test_uniskill_analysis.py
+       tests/deploy/test_cli_errors.py)
 mkdir -p runs
 "$PY" -m pytest tests -q -m e2e "${E2E_B[@]/#/--ignore=}" --durations=15 --junitxml=runs/junit-e2e.xml "$@" \
     >runs/test-e2e.log 2>&1 &

@@ -2,7 +2,7 @@
 without a GPU: the settings ProcessGroupNCCL is constructed with (error handling for this group
 only, a watchdog slower than the per-bucket wait), the eager connect at join, and `abort()` (not
 `shutdown()`) on a failed group. The backend object is a stand-in here (pure unit tests); the
-same control flow runs over real gloo groups in test_protocol.py and tests/deploy/test_sync_failure.py."""
+same control flow runs over real gloo groups in test_protocol.py and tests/deploy/test_weight_sync.py."""
 
 from __future__ import annotations
 
