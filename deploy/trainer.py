@@ -257,15 +257,15 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------------
     def run(self) -> None:
-        from deploy.progress import StepProgress
+        from deploy.progress import StepProgress, step_summary
 
         cfg = self.cfg.run
         if self.state.step == 0 and self.cfg.eval.at_start:
             self.evaluate("step_0000")
-        with StepProgress(cfg.total_steps, self.state.step, enabled=cfg.progress) as progress:
+        with StepProgress("train", cfg.total_steps, self.state.step, enabled=cfg.progress) as progress:
             while True:
                 try:
-                    self._train_steps(progress.advance)
+                    self._train_steps(lambda record: progress.advance(step_summary(record)))
                     self._finish()
                     break
                 except LearnerGroupFailed as err:

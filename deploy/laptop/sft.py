@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
 from deploy.config import TrainConfig
 from deploy.config_sections import SFTConfig
 from deploy.laptop.tiny_model import build_tiny_model
+from deploy.progress import StepProgress
 from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.tasks import sample_tasks
@@ -225,9 +224,7 @@ def run_sft(cfg: TrainConfig, model_path: str, out: str | Path, *, num_tasks: in
     batches = itertools.islice(((epoch, idx) for epoch in range(s.epochs) for idx in _batches(rows, s.batch_rows, rng)),
                                total)
     start, done_steps, tokens, log = time.perf_counter(), 0, 0, []
-    with Progress(TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
-        job = bar.add_task("", total=total)
+    with StepProgress("sft", total, every=max(1, total // 20)) as bar:
         for epoch, idx in batches:
             ids, mask, labels = _collate(rows, idx, tokenizer.pad_token_id)
             loss = _response_loss(model, ids, mask, labels)
@@ -238,7 +235,7 @@ def run_sft(cfg: TrainConfig, model_path: str, out: str | Path, *, num_tasks: in
             sched.step()
             done_steps, tokens, value = done_steps + 1, tokens + int(mask.sum()), loss.item()
             log.append({"step": done_steps, "epoch": epoch, "loss": value})
-            bar.update(job, advance=1, description=f"loss {value:.4f}  {tokens / (time.perf_counter() - start):.0f} tok/s")
+            bar.advance(f"loss {value:.4f}  {tokens / (time.perf_counter() - start):.0f} tok/s")
             _check_time_cap(minutes, start, done_steps, total)
     out = Path(out)
     model.save_pretrained(out, safe_serialization=True)
