@@ -68,7 +68,7 @@ def write_repro(run_dir: Path, out: Path) -> dict:
     record["final_rl"] = final_record(run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(out)
     return record["final_rl"]
 
