@@ -90,6 +90,6 @@ class LearnerActor(LearnerWorker):
         (`files_digest`, computed once here) is what an engine that loads these files reports
         back: equal digests mean the engine holds exactly these weights."""
         with tempfile.TemporaryDirectory(prefix="agentrl-export-") as tmp:
-            self.export_weights(tmp)
+            self.export_sync(tmp)  # the HF directory, or with LoRA the adapter directory alone
             files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
         return files, files_digest(files)

@@ -173,17 +173,36 @@ def eval_(config: ConfigOpt, checkpoint: Annotated[Path, typer.Option(help="chec
     if retrieval not in (None, "on", "off"):
         raise UserError(f"--retrieval {retrieval!r}: use on or off")
     cfg = _load(config, [*(set_ or []), *_options(**{"eval.k": k})])
-    model = checkpoint / "hf" if (checkpoint / "hf").is_dir() else checkpoint
+    model, adapter = _checkpoint_model(cfg, checkpoint)
     _check_model(str(model))
     _route_logs(cfg.run.output_dir, verbose)
     if retrieval is None:
         from deploy.runner import run_eval_command
 
-        run_eval_command(cfg, str(model))
+        run_eval_command(cfg, str(model), adapter=None if adapter is None else str(adapter))
         return
+    if adapter is not None:
+        raise UserError(f"--retrieval evaluates an HF model; {checkpoint} holds a LoRA adapter only: pass the "
+                        "checkpoint of a run with learner.lora.export_merged=true")
     from deploy.eval_skills import run_eval_with_retrieval
 
     run_eval_with_retrieval(cfg, str(model), retrieval=retrieval, label=f"eval-retrieval_{retrieval}")
+
+
+def _checkpoint_model(cfg, checkpoint: Path) -> tuple[Path, Path | None]:
+    """(HF model dir, peft adapter dir or None) that `eval --checkpoint` evaluates: a checkpoint's
+    hf/ (the merged model under LoRA), else its adapter/ on the config's model.path, else an HF
+    model dir or a peft adapter dir given directly."""
+    if (checkpoint / "hf").is_dir():
+        return checkpoint / "hf", None
+    adapter = checkpoint / "adapter" if (checkpoint / "adapter").is_dir() else checkpoint
+    if not (adapter / "adapter_config.json").is_file():
+        return checkpoint, None
+    if cfg.engine.lora_rank is None:
+        raise UserError(f"{adapter} is a LoRA adapter, but the config's engines load none: set "
+                        "learner.lora.enabled=true (and its rank) as in the run that trained it, or pass its "
+                        "config.resolved.json")
+    return Path(cfg.model.path), adapter
 
 
 @app.command("build-tiny-model")

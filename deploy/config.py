@@ -26,7 +26,7 @@ from deploy.config_sections import (
 )
 from deploy.config_uniskill import UniSkillConfig, proposer_loss_settings
 from envs.config import EnvConfig
-from learner.config import LearnerConfig
+from learner.config import LearnerConfig, LoraConfig
 from rollout_workers.config import EngineConfig, RolloutConfig
 from routing.trackers import TRACKERS
 
@@ -95,6 +95,31 @@ class TrainConfig(Section):
                                  f"uses the {form!r} loss; remove learner.sd.form")
             sd["form"] = form
         return {**data, "learner": {**learner, "proposer": {**proposer, **derived}, "sd": sd}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_engine_lora(cls, data: Any) -> Any:
+        """engine.lora_rank follows learner.lora: the adapter's rank when the adapters travel alone
+        (lora.enabled without merge_on_sync), else none. A hand-set value that disagrees names both."""
+        if not isinstance(data, dict):
+            return data
+        learner, engine = data.get("learner", {}), data.get("engine", {})
+        if isinstance(learner, BaseModel):
+            learner = learner.model_dump()
+        if isinstance(engine, BaseModel):
+            engine = engine.model_dump(exclude_defaults=True)
+        if not isinstance(learner, dict) or not isinstance(engine, dict):
+            return data  # field validation reports the malformed section with its key
+        try:
+            lora = LoraConfig.model_validate(learner.get("lora", {}) or {})
+        except ValidationError:
+            return data  # field validation reports the error with its key
+        rank = lora.rank if lora.enabled and not lora.merge_on_sync else None
+        if engine.get("lora_rank", rank) != rank:
+            raise ValueError(f"engine.lora_rank={engine['lora_rank']!r} contradicts learner.lora (enabled="
+                             f"{lora.enabled}, rank={lora.rank}, merge_on_sync={lora.merge_on_sync}), which sets "
+                             f"it to {rank!r}; remove engine.lora_rank")
+        return {**data, "engine": {**engine, "lora_rank": rank}}
 
     @model_validator(mode="after")
     def _uniskill_fits(self) -> TrainConfig:

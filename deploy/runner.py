@@ -118,12 +118,15 @@ def print_eval(result: EvalResult) -> None:
 
 
 def run_eval_command(cfg: TrainConfig, model_path: str, *, label: str = "eval",
-                     skills: UniSkillStage | None = None) -> list[EvalResult]:
+                     skills: UniSkillStage | None = None, adapter: str | None = None) -> list[EvalResult]:
     """Evaluate an HF directory on the fixed set of every split of `eval.splits` with rollout
     workers only (no learner); writes eval/<label>[-<split>].json per split. `skills` fills the
-    actor's skill slot (a finished UniSkill run's bank, `deploy.eval_skills`)."""
+    actor's skill slot (a finished UniSkill run's bank, `deploy.eval_skills`). `adapter`: a peft
+    adapter directory applied on `model_path` (the base) in every engine (engine.lora_rank set)."""
     cluster = Cluster.start(cfg, resolve_model_path(model_path), with_learner=False)
     try:
+        if adapter is not None:
+            cluster.load_adapter(adapter, 0)
         results = run_evaluations(cluster, cfg, label=label, policy_version=0, skills=skills)
     finally:
         cluster.shutdown()

@@ -352,15 +352,20 @@ class Trainer:
         return Path(self.cfg.run.output_dir) / "checkpoints" / f"step_{step:06d}"
 
     def checkpoint(self) -> Path:
-        """checkpoints/step_N/{learner/, hf/, router_buffer.jsonl, trainer_state.json}; trainer_state
-        is written last (SMRC-SD's success buffer travels with the checkpoint). A rollout in flight
+        """checkpoints/step_N/{learner/, hf/, router_buffer.jsonl, trainer_state.json} (with LoRA also
+        adapter/, a peft adapter directory, and hf/ the merged model unless lora.export_merged is
+        off); trainer_state is written last (SMRC-SD's success buffer travels with the checkpoint). A rollout in flight
         (only at an unscheduled checkpoint: the fault injector's) is drained, not saved: a resumed
         run collects that step again."""
         self.pipeline.wait_engines()
         ckpt = self._checkpoint_dir(self.state.step)
         ckpt.mkdir(parents=True, exist_ok=True)
         self.cluster.save_checkpoint(ckpt / "learner")
-        self.cluster.export_hf(ckpt / "hf")
+        lora = self.cfg.learner.lora
+        if lora.enabled:  # the peft adapter directory, and the merged model unless export_merged is off
+            self.cluster.export_hf(ckpt / "adapter", adapter=True)
+        if not lora.enabled or lora.export_merged:
+            self.cluster.export_hf(ckpt / "hf")
         if self.router is not None:
             self.router.save(ckpt / "router_buffer.jsonl")
         self.state.save(ckpt / "trainer_state.json")

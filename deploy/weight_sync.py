@@ -1,7 +1,8 @@
 """The driver's side of collective weight sync (`sync.method: broadcast`, docs/architecture.md
 "Weight sync"): it builds the weight-sync group (learner rank 0 = rank 0, then every vLLM worker
 of every rollout engine), runs one sync as concurrent calls (every learner rank streams, every
-engine receives), names whoever failed, and measures the log-prob probe (`sync.verify`: a per-step
+engine receives: every weight, or with LoRA the adapter tensors alone), names whoever failed,
+and measures the log-prob probe (`sync.verify`: a per-step
 metric, never a gate; exact checks decide whether an engine holds the policy's weights).
 
 The group is built lazily at the first broadcast and rebuilt after anything that replaced one of
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.config import TrainConfig
+from learner.lora import adapter_spec
 from learner.types import TrainRow
+from weightsync.adapter import AdapterSpec
 from weightsync.group import GroupSpec
 
 log = logging.getLogger(__name__)
@@ -149,14 +152,22 @@ class BroadcastSync:
         WeightSyncFailed naming the failed members (the group is then forgotten)."""
         self.ensure_group(learners[0], learner_node_id, workers)
         dtype = None if self.cfg.engine.dtype == "auto" else self.cfg.engine.dtype
+        adapter = sync_adapter(self.cfg)
         refs = [lw.broadcast_weights.remote(dtype, self.cfg.sync.bucket_mb) for lw in learners]
-        refs += [w.receive_weights.remote(version) for w in workers]
+        refs += [w.receive_weights.remote(version, adapter) for w in workers]
         names = [*(f"learner_{r}" for r in range(len(learners))), *(f"rollout_worker_{w}" for w in range(len(workers)))]
         values, failed = _wait_all(refs, names, timeout_s=self._timeout())
         if failed:
             self.reset()
             raise WeightSyncFailed(_message(f"the weight broadcast of version {version}", failed), dead=_dead(failed))
         return int(values[0])
+
+
+def sync_adapter(cfg: TrainConfig) -> AdapterSpec | None:
+    """The LoRA adapter a sync sends alone (learner.lora without merge_on_sync), else None (full
+    weights, merged ones included)."""
+    lora = cfg.learner.lora
+    return adapter_spec(lora) if lora.enabled and not lora.merge_on_sync else None
 
 
 def _dead(failed: dict[str, str]) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from learner.config import LearnerConfig
+from learner.lora import apply_lora, is_adapter_param, is_lora_model, load_adapter_state
 
 
 class TrainBackend(Protocol):
@@ -122,10 +123,13 @@ def _load_partitioned(model: torch.nn.Module, model_dir: Path) -> None:
 def _materialise(
     cfg: LearnerConfig, model: torch.nn.Module | ModelLoader, device: torch.device, zero3: dict[str, Any] | None
 ) -> torch.nn.Module:
-    """The model on `device` (calling the loader when given one), with gradient checkpointing on
-    when configured (non-reentrant: works with ZeRO-3 and with frozen inputs)."""
+    """The model on `device` (calling the loader when given one), wrapped in LoRA adapters with
+    lora.enabled (`learner.lora.apply_lora`: the base frozen in its loaded dtype), with gradient
+    checkpointing on when configured (non-reentrant: works with ZeRO-3 and with frozen inputs)."""
     if not isinstance(model, torch.nn.Module):
         model = model(device, zero3)
+    if cfg.lora.enabled and not is_lora_model(model):
+        model = apply_lora(model, cfg.lora, adapter_dtype_fp32=weight_dtype(cfg) == torch.float32)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -184,9 +188,14 @@ class TorchBackend:
         return contextlib.nullcontext()
 
     def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None:
+        """learner.pt: the model (with LoRA only the adapter: the frozen base is the run's model),
+        the optimiser state and `client_state`."""
         path.mkdir(parents=True, exist_ok=True)
+        model = self.module.state_dict()
+        if self._cfg.lora.enabled:
+            model = {k: v for k, v in model.items() if is_adapter_param(k)}
         state = {
-            "model": self.module.state_dict(),
+            "model": model,
             "optimizer": self._optimizer.state_dict(),
             "client_state": client_state,
         }
@@ -196,7 +205,10 @@ class TorchBackend:
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         state = torch.load(path / "learner.pt", map_location=self.device, weights_only=False)
-        self.module.load_state_dict(state["model"])
+        if self._cfg.lora.enabled:
+            load_adapter_state(self.module, state["model"], path)
+        else:
+            self.module.load_state_dict(state["model"])
         self._optimizer.load_state_dict(state["optimizer"])
         return state["client_state"]
 
@@ -416,11 +428,15 @@ class DeepSpeedBackend:
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     def save_checkpoint(self, path: Path, client_state: dict[str, Any]) -> None:
+        """DeepSpeed's checkpoint; with LoRA without the frozen base (DeepSpeed's
+        exclude_frozen_parameters: the module states hold the adapter, the optimiser states only
+        ever held it)."""
         tag = f"version_{client_state.get('version', 0)}"
-        self._engine.save_checkpoint(str(path), tag=tag, client_state={"client_state": client_state})
+        self._engine.save_checkpoint(str(path), tag=tag, client_state={"client_state": client_state},
+                                     exclude_frozen_parameters=self._cfg.lora.enabled)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        load_path, state = self._engine.load_checkpoint(str(path))
+        load_path, state = self._engine.load_checkpoint(str(path), load_module_strict=not self._cfg.lora.enabled)
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path}")
         return state["client_state"]

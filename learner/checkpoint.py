@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from learner.backends import TrainBackend
+from learner.lora import adapter_stream, hf_name, merged_stream
+from weightsync.adapter import AdapterSpec, write_adapter_dir
 
 MAX_SHARD_BYTES = 2 << 30
 """Largest safetensors file the export writes (HF's sharded layout + index beyond it)."""
@@ -73,15 +75,44 @@ def write_safetensors_shards(tensors: Iterable[tuple[str, torch.Tensor]], out: P
     return names
 
 
+def merged_export_tensors(backend: TrainBackend, *, rank: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """`_export_tensors` of a LoRA model with its adapters merged in (`learner.lora.merged_stream`:
+    HF names, W + scaling * B A), plus the base model's persistent buffers."""
+    _, stream = merged_stream(backend.module, gather=backend.gathered)
+    for name, tensor in stream:  # every rank iterates (ZeRO-3 gathers); rank 0 keeps the tensors
+        if rank == 0:
+            yield name, tensor.detach().to("cpu", copy=True)
+    if rank == 0:
+        for name, buf in backend.module.named_buffers():
+            module_name, _, leaf = name.rpartition(".")
+            owner = backend.module.get_submodule(module_name) if module_name else backend.module
+            if leaf not in getattr(owner, "_non_persistent_buffers_set", set()):
+                yield hf_name(name), buf.detach().to("cpu", copy=True)
+
+
+def export_adapter_dir(backend: TrainBackend, spec: AdapterSpec, out_dir: str, *, rank: int,
+                       base_model: str | None = None) -> Path:
+    """Write a peft adapter directory (`weightsync.adapter.write_adapter_dir`) of the backend's
+    LoRA model; every rank calls it (ZeRO-3 gathers one module's adapter at a time), rank 0 writes."""
+    _, stream = adapter_stream(backend.module, gather=backend.gathered)
+    tensors = {name: t.detach().to("cpu", copy=True) for name, t in stream}
+    out = Path(out_dir)
+    if rank == 0:
+        write_adapter_dir(out, tensors, spec.peft_config(base_model=base_model))
+    return out
+
+
 def export_hf_dir(backend: TrainBackend, tokenizer: Any, out_dir: str, *, rank: int,
-                  max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+                  max_shard_bytes: int = MAX_SHARD_BYTES,
+                  tensors: Iterator[tuple[str, torch.Tensor]] | None = None) -> Path:
     """Write an HF directory (safetensors + config + tokenizer) that vLLM and transformers load,
     from the learner ranks straight to `out_dir` (shared storage on a cluster: nothing passes
-    through the driver). Module by module (`_export_tensors`): under ZeRO-3 no rank gathers the
-    whole model, and rank 0 holds at most one shard. Every rank calls it; rank 0 writes to a
-    temporary sibling and renames it into place, so readers never see a half-written directory."""
+    through the driver). Module by module (`_export_tensors`, or `tensors` when given, e.g.
+    `merged_export_tensors`): under ZeRO-3 no rank gathers the whole model, and rank 0 holds at
+    most one shard. Every rank calls it; rank 0 writes to a temporary sibling and renames it into
+    place, so readers never see a half-written directory."""
     out = Path(out_dir)
-    tensors = _export_tensors(backend, rank=rank)
+    tensors = _export_tensors(backend, rank=rank) if tensors is None else tensors
     if rank != 0:
         for _ in tensors:  # yields nothing here; the other ranks take part in each module's gather
             pass

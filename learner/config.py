@@ -123,6 +123,51 @@ class ProposerLossConfig(BaseModel):
         return self
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen2/Qwen3/Llama decoder block (attention and MLP)."""
+
+
+class LoraConfig(BaseModel):
+    """LoRA training (docs/algorithms.md "LoRA"): peft adapters on the frozen base model; only the
+    adapter parameters get gradients and optimizer state, the base loads in the training dtype. The
+    reference model is the base with the adapters disabled (no second copy: `ref_placement` is
+    ignored), and the engines receive only the adapter tensors (or, with `merge_on_sync`, the base
+    with the adapters merged in)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight."""
+    rank: int = 16
+    """r: the adapters' rank (vLLM engines serve ranks up to 512)."""
+    alpha: float = 32.0
+    """lora_alpha: the adapter output is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter input in every policy pass (the old-log-prob pass included, since the
+    learner scores in train mode); 0 keeps every pass deterministic."""
+    target_modules: tuple[str, ...] = LORA_DEFAULT_TARGETS
+    """Module-name suffixes that get an adapter (peft's target_modules; vLLM loads adapters on its
+    attention and MLP projections)."""
+    merge_on_sync: bool = False
+    """Merge the adapters into the base on the learner at each sync and send full weights (for
+    engines or kernels without LoRA support); off: only the adapter tensors travel."""
+    export_merged: bool = True
+    """A checkpoint's hf/ holds the merged model (for tools that read an HF directory) besides the
+    peft adapter directory adapter/; off: adapter/ only (evaluation then loads base + adapter)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraConfig:
+        if self.rank < 1:
+            raise ValueError(f"learner.lora.rank must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"learner.lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"learner.lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("learner.lora.target_modules is empty: name at least one module, e.g. q_proj")
+        return self
+
+
 class LearnerConfig(BaseModel):
     """GRPO learner hyperparameters (docs/algorithms.md S1) and the optimiser/engine settings."""
 
@@ -203,7 +248,9 @@ class LearnerConfig(BaseModel):
     """Where the frozen reference model (kl_coef > 0 or the proposer KL) lives. "device": a full
     copy in the training dtype on every rank's device; "shard": partitioned over the ranks with the
     policy (ZeRO-3 only: a DeepSpeed inference engine over the same ZeRO config, built under
-    zero.Init); "cpu": a full copy in host memory, run on the CPU (slow, no device memory)."""
+    zero.Init); "cpu": a full copy in host memory, run on the CPU (slow, no device memory).
+    Ignored with lora.enabled: the reference is then the policy's own base with the adapters
+    disabled, and no copy exists anywhere."""
     shuffle_rows: bool = True
     """Shuffle rows (seeded by seed and step) before splitting into mini-batches."""
     old_logprobs: OldLogprobs = "recompute"
@@ -251,6 +298,8 @@ class LearnerConfig(BaseModel):
     """SMRC-SD routed self-distillation (off unless sd.coef > 0)."""
     proposer: ProposerLossConfig = ProposerLossConfig()
     """UniSkill proposer loss, R_align and the joint step (off unless proposer.enabled)."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters on a frozen base (off unless lora.enabled)."""
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
@@ -272,7 +321,7 @@ class LearnerConfig(BaseModel):
             )
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
-        if self.ref_placement == "shard" and not (self.use_deepspeed and self.zero_stage == 3):
+        if self.ref_placement == "shard" and not self.lora.enabled and not (self.use_deepspeed and self.zero_stage == 3):
             raise ValueError(
                 "ref_placement=shard partitions the reference with ZeRO-3: set use_deepspeed=true and "
                 "zero_stage=3, or ref_placement=device|cpu"

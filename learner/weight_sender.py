@@ -3,19 +3,26 @@
 Only rank 0 is a member of the weight-sync group; under ZeRO-3 every rank still runs the same
 module-by-module stream, because each module's parameters are gathered with
 `deepspeed.zero.GatheredParameters` (a collective of the learner ranks) just long enough to copy
-them into a bucket. No rank ever holds the whole model and nothing is written to disk.
+them into a bucket. No rank ever holds the whole model and nothing is written to disk. With LoRA
+the same stream carries the adapter tensors alone, or the merged weights (`learner.lora`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Literal
 
 import torch
 
 from learner.config import LearnerConfig
+from learner.lora import adapter_stream, merged_stream
 from weightsync.group import GroupSpec, WeightGroup
 from weightsync.protocol import SyncStats, dtype_of, release_cached_memory, send_weights
 from weightsync.stream import parameter_stream
+
+SyncContent = Literal["full", "adapter", "merged"]
+STREAMS = {"full": parameter_stream, "adapter": adapter_stream, "merged": merged_stream}
+"""What a sync sends -> the (header entries, tensor stream) of the model."""
 
 
 def _zero3_gather(cfg: LearnerConfig):
@@ -51,11 +58,14 @@ class WeightSender:
         self._group = WeightGroup(spec, 0, device=device if device.type == "cuda" else None)
 
     @torch.no_grad()
-    def send(self, model: torch.nn.Module, *, wire_dtype: str | None, bucket_mb: float) -> SyncStats | None:
-        """Every learner rank calls it; rank 0 broadcasts the parameters (cast to `wire_dtype`, e.g.
-        the engine's dtype; None keeps the training dtype). Returns rank 0's stats, None elsewhere."""
+    def send(self, model: torch.nn.Module, *, wire_dtype: str | None, bucket_mb: float,
+             what: SyncContent = "full") -> SyncStats | None:
+        """Every learner rank calls it; rank 0 broadcasts `what` (cast to `wire_dtype`, e.g. the
+        engine's dtype; None keeps the training dtype): "full" every parameter, "adapter" a LoRA
+        model's adapter tensors alone, "merged" a LoRA model's base with the adapters merged in
+        (`learner.lora`). Returns rank 0's stats, None elsewhere."""
         dtype = dtype_of(wire_dtype) if wire_dtype else None
-        metas, stream = parameter_stream(model, gather=_zero3_gather(self._cfg), dtype=dtype)
+        metas, stream = STREAMS[what](model, gather=_zero3_gather(self._cfg), dtype=dtype)
         if self._rank != 0:
             for _ in stream:  # take part in the gathers only
                 pass

@@ -47,10 +47,17 @@ from learner.actor import (
 from learner.algos import staleness
 from learner.backends import build_backend, build_reference, load_causal_lm, weight_dtype
 from learner.batch import collate_rows, select_rows
-from learner.checkpoint import export_hf_dir, load_training_state, save_training_state
+from learner.checkpoint import (
+    export_adapter_dir,
+    export_hf_dir,
+    load_training_state,
+    merged_export_tensors,
+    save_training_state,
+)
 from learner.collectives import all_reduce_max, all_reduce_sums, all_reduce_tensor, barrier
 from learner.config import LearnerConfig
 from learner.logprobs import ResponseScores, response_logprobs
+from learner.lora import adapter_spec, adapters_disabled
 from learner.metrics import OldPass, StageClock, Tally, step_metrics
 from learner.mismatch import ZERO_SUMS, mismatch_metrics
 from learner.off_policy import behaviour_weight_metrics, behaviour_weight_sums, staleness_metrics
@@ -85,7 +92,8 @@ class LearnerWorker:
     """The policy's owner. `train_step(rows)` runs one GRPO step and returns StepMetrics;
     `score(rows)` gives current-policy response log-probs; `export_weights(dir)` writes an HF
     directory for the engines; `save_checkpoint` / `load_checkpoint` persist model, optimiser,
-    version and RNG. With kl_coef > 0 a frozen copy of the initial weights is the reference.
+    version and RNG. With kl_coef > 0 a frozen copy of the initial weights is the reference (with
+    learner.lora: the base with the adapters disabled).
     `extra_losses` are added to the GRPO loss per micro-batch (see `ExtraLoss`)."""
 
     def __init__(
@@ -129,9 +137,12 @@ class LearnerWorker:
             collective_timeout_s=collective_timeout_s,
         )
         prop = cfg.proposer
-        needs_ref = cfg.kl_coef > 0 or (prop.enabled and prop.beta_kl > 0)
+        self._needs_ref = cfg.kl_coef > 0 or (prop.enabled and prop.beta_kl > 0)
         ref_loader = functools.partial(_load_model, model_path, _ref_dtype(cfg))
-        self.ref_model = build_reference(cfg, ref_loader, self.backend) if needs_ref else None
+        # with LoRA the reference is the policy's own base, adapters disabled (`_reference_logp`)
+        separate_ref = self._needs_ref and not cfg.lora.enabled
+        self.ref_model = build_reference(cfg, ref_loader, self.backend) if separate_ref else None
+        self._model_path = model_path
         self._max_positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
         self._version = 0
         self._weight_sender = WeightSender(cfg, rank)
@@ -239,13 +250,22 @@ class LearnerWorker:
         return self._policy_logprobs(micro, with_entropy=False).logp
 
     def _reference_logp(self) -> Callable[[TokenBatch], torch.Tensor] | None:
-        ref = self.ref_model
-        if ref is None:
+        """The reference's response log-probs (None without a KL term): the frozen copy, or with
+        LoRA the policy's base with its adapters disabled (the same forward as the policy's, in
+        the same precision, minus the adapters)."""
+        if not self._needs_ref:
             return None
         cfg = self.cfg
+        if cfg.lora.enabled:
+            return self._base_logp
+        ref = self.ref_model
         return lambda micro: response_logprobs(
             ref, micro, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size
         ).logp
+
+    def _base_logp(self, micro: TokenBatch) -> torch.Tensor:
+        with adapters_disabled(self.backend.module):
+            return self._policy_logp(micro)
 
     def _old_pass(self, batch: TokenBatch, shards: list[list[Chunk]]) -> OldPass:
         return old_and_ref_logprobs(
@@ -384,10 +404,33 @@ class LearnerWorker:
 
     def export_weights(self, out_dir: str) -> str:
         """Write an HF directory (safetensors + config + tokenizer) that vLLM and transformers
-        load. Every rank must call it (a collective under ZeRO-3); rank 0 writes."""
-        out = export_hf_dir(self.backend, self.tokenizer, out_dir, rank=self.rank)
+        load; with LoRA the base with the adapters merged in. Every rank must call it (a
+        collective under ZeRO-3); rank 0 writes."""
+        tensors = merged_export_tensors(self.backend, rank=self.rank) if self.cfg.lora.enabled else None
+        out = export_hf_dir(self.backend, self.tokenizer, out_dir, rank=self.rank, tensors=tensors)
         barrier(self.world_size)
         return str(out)
+
+    def export_adapter(self, out_dir: str) -> str:
+        """LoRA only: write a peft adapter directory (adapter_config.json naming the run's base
+        model + adapter_model.safetensors) that peft and vLLM load on the base. Every rank must
+        call it; rank 0 writes."""
+        if not self.cfg.lora.enabled:
+            raise ValueError("export_adapter needs learner.lora.enabled (a full-weight run has no adapter)")
+        out = export_adapter_dir(self.backend, adapter_spec(self.cfg.lora), out_dir, rank=self.rank,
+                                 base_model=self._model_path)
+        barrier(self.world_size)
+        return str(out)
+
+    @property
+    def syncs_adapter(self) -> bool:
+        """Whether a weight sync sends the adapter alone (LoRA without lora.merge_on_sync)."""
+        return self.cfg.lora.enabled and not self.cfg.lora.merge_on_sync
+
+    def export_sync(self, out_dir: str) -> str:
+        """What a weight sync through files sends: the adapter directory (`syncs_adapter`), else
+        the HF directory (merged under LoRA)."""
+        return self.export_adapter(out_dir) if self.syncs_adapter else self.export_weights(out_dir)
 
     def join_weight_group(self, spec: GroupSpec) -> None:
         """Rank 0 only: join the weight-sync group as its sender (`learner.weight_sender`)."""
@@ -395,8 +438,10 @@ class LearnerWorker:
 
     def broadcast_weights(self, wire_dtype: str | None = None, bucket_mb: float = 256.0) -> int:
         """Every rank calls it (gathers under ZeRO-3); rank 0 streams the current weights to the
-        engines in buckets. Returns the bytes rank 0 sent (0 on other ranks)."""
-        stats = self._weight_sender.send(self.backend.module, wire_dtype=wire_dtype, bucket_mb=bucket_mb)
+        engines in buckets: every parameter, or with LoRA the adapter tensors alone (or the merged
+        weights with lora.merge_on_sync). Returns the bytes rank 0 sent (0 on other ranks)."""
+        what = "full" if not self.cfg.lora.enabled else "adapter" if self.syncs_adapter else "merged"
+        stats = self._weight_sender.send(self.backend.module, wire_dtype=wire_dtype, bucket_mb=bucket_mb, what=what)
         return 0 if stats is None else stats.bytes
 
     def save_checkpoint(self, ckpt_dir: str) -> str:

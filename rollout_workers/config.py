@@ -7,6 +7,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM 0.32 accepts (`vllm/config/lora.py` MaxLoRARanks)."""
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -39,6 +42,18 @@ class RolloutConfig(_Section):
     """RolloutWorker actors (each owns one engine and a share of the EnvPools), or "auto": the
     driver starts one, then between steps as many more as the cluster's free resources hold, up
     to `max_workers`, and drops those whose node left (`deploy.elastic`; each worker then owns
+    lora_rank: int | None = Field(default=None, ge=1, le=max(VLLM_LORA_RANKS))
+    """Rank of the LoRA adapters the engine receives (a training config sets it from
+    learner.lora.rank when the adapters travel alone; None: full weights only). vLLM: the engine
+    starts with enable_lora, max_loras 1 and max_lora_rank = `vllm_max_lora_rank(lora_rank)`."""
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM 0.32 accepts (`vllm.config.lora.MaxLoRARanks`) that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
     `ray.env_pools` pools of its own)."""
     max_workers: int | None = Field(default=None, ge=1)
     """Upper bound on rollout workers with num_workers="auto" (required there; refused otherwise)."""

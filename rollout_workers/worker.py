@@ -33,6 +33,7 @@ from rollout_workers.engines.registry import make_async_engine, make_engine
 from rollout_workers.loop import EnvPoolClient, run_episodes
 from rollout_workers.types import Generation, RolloutStats, Trajectory
 from weightsync.group import GroupSpec
+from weightsync.adapter import AdapterSpec, is_adapter_files
 
 log = logging.getLogger(__name__)
 
@@ -196,14 +197,15 @@ class RolloutWorker:
                              "set sync.method=object_store")
         join(spec, base_rank)
 
-    def receive_weights(self, version: int) -> int:
+    def receive_weights(self, version: int, adapter: AdapterSpec | None = None) -> int:
         """Weight sync without files: load the tensors learner rank 0 broadcasts now (collective with
-        it) as policy `version`; returns the number of tensors. No digest is computed (hashing every
-        weight each step is what this path avoids). A failed receive raises and keeps the old
-        version: the engine is finalised, or its process ends (engines/vllm_sync.py), and the driver
-        reloads it through the object store."""
+        it) as policy `version`; returns the number of tensors. With `adapter` they are a LoRA
+        adapter of that shape, applied on the base the engine holds (`load_adapter` of the
+        engines). No digest is computed (hashing every weight each step is what this path avoids).
+        A failed receive raises and keeps the old version: the engine is finalised, or its process
+        ends (engines/vllm_sync.py), and the driver reloads it through the object store."""
         with self._guarded("receive_weights", update=True):
-            count = self._engine.receive_weights()
+            count = self._engine.receive_weights() if adapter is None else self._engine.receive_adapter(adapter)
             if version != self._version:
                 self._calls = 0
             self._version, self._digest = version, None
@@ -211,6 +213,21 @@ class RolloutWorker:
 
     def leave_weight_group(self) -> None:
         leave = getattr(self._engine, "leave_weight_group", None)
+    def load_adapter(self, path: str, version: int) -> None:
+        """Apply the peft adapter directory at `path` (on this node) on the base as policy `version`."""
+        with self._guarded("load_adapter", update=True):
+            self._load_adapter(path, version)
+
+    def _load_adapter(self, path: str, version: int) -> None:
+        load = getattr(self._engine, "load_adapter", None)
+        if load is None:
+            raise ValueError(f"engine {type(self._engine).__name__} cannot apply LoRA adapters; "
+                             "set learner.lora.merge_on_sync=true")
+        load(path)
+        if version != self._version:
+            self._calls = 0
+        self._version = version
+
         if leave is not None:
             leave()
 
@@ -225,8 +242,10 @@ class RolloutWorker:
 
     def load_weight_files(self, files: dict[str, bytes], version: int) -> str:
         """Weight sync without a shared filesystem: write the exported files (shipped through the
-        Ray object store) to a local temp dir, reload from it, delete it. Returns the digest of
-        the files (`weights_digest`)."""
+        Ray object store) to a local temp dir, reload from it, delete it. Files of a peft adapter
+        directory (LoRA) are applied as an adapter on the base the engine holds (a restarted
+        worker's engine starts from the run's base model, so it then holds base + the current
+        adapter). Returns the digest of the files (`weights_digest`)."""
         with self._guarded("load_weight_files", update=True):
             tmp = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
             try:
@@ -234,7 +253,10 @@ class RolloutWorker:
                     if Path(name).name != name:
                         raise ValueError(f"weight file name {name!r} must be a bare file name")
                     (tmp / name).write_bytes(data)
-                self._reload(str(tmp), version)
+                if is_adapter_files(files):
+                    self._load_adapter(str(tmp), version)
+                else:
+                    self._reload(str(tmp), version)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             self._digest = files_digest(files)

@@ -104,5 +104,11 @@ class BatchingAsyncEngine:
     def leave_weight_group(self) -> None:
         self.engine.leave_weight_group()
 
+    def load_adapter(self, path: str) -> int:
+        return self.engine.load_adapter(path)
+
+    def receive_adapter(self, spec) -> int:
+        return self.engine.receive_adapter(spec)
+
     def close(self) -> None:
         self._thread.shutdown(wait=True)

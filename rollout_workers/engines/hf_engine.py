@@ -21,6 +21,7 @@ from rollout_workers.engines.constraint import (
     token_bytes_table,
 )
 from rollout_workers.types import Generation
+from weightsync.adapter import AdapterSpec, read_adapter_dir, wire_name
 from weightsync.group import GroupSpec, WeightGroup
 from weightsync.protocol import receive_weights, release_cached_memory
 
@@ -89,6 +90,7 @@ class HFEngine:
 
     def reload_weights(self, path: str) -> None:
         self.model = self._load(path)
+        self._adapter_spec = None  # a full reload replaces base and adapter alike
 
     weight_group_ranks = 1
     """Members this engine contributes to the weight-sync group (it is one process)."""
@@ -130,6 +132,52 @@ class HFEngine:
         group, self._group = getattr(self, "_group", None), None
         if group is not None:
             group.close()
+
+    # ---- LoRA adapters (learner.lora: only the adapter travels; the base stays as loaded) -------
+
+    def load_adapter(self, path: str) -> int:
+        """Apply the peft adapter directory at `path` on the base weights (replacing the previous
+        adapter); returns the number of adapter tensors loaded."""
+        tensors, spec = read_adapter_dir(path)
+        return self._apply_adapter(tensors, spec)
+
+    @torch.no_grad()
+    def receive_adapter(self, spec: AdapterSpec) -> int:
+        """Receive one broadcast adapter (collective with the sender) and apply it as `load_adapter`."""
+        group = getattr(self, "_group", None)
+        if group is None:
+            raise RuntimeError("receive_adapter before join_weight_group")
+        try:
+            tensors = {name: t.clone() for bucket in receive_weights(group) for name, t in bucket}
+        except Exception:
+            self._group = None  # the model is untouched (the adapter is applied once whole)
+            group.abort()
+            raise
+        finally:
+            release_cached_memory()
+        return self._apply_adapter(tensors, spec)
+
+    @torch.no_grad()
+    def _apply_adapter(self, tensors: dict[str, torch.Tensor], spec: AdapterSpec) -> int:
+        """Wrap the base in peft LoRA layers of `spec` (once per spec) and copy `tensors` into them;
+        every adapter parameter must be covered (a partial adapter would mix two versions)."""
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+        if getattr(self, "_adapter_spec", None) != spec:
+            base = self.model.unload() if getattr(self, "_adapter_spec", None) is not None else self.model
+            peft_cfg = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.target_modules),
+                                  lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+            self.model = get_peft_model(base, peft_cfg, autocast_adapter_dtype=False).eval()
+            self._adapter_spec = spec
+        expected = {wire_name(n) for n, _ in self.model.named_parameters() if ".lora_" in n}
+        if set(tensors) != expected:
+            missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+            raise KeyError(f"the adapter does not fit this engine's LoRA layers (missing {missing[:3]}, "
+                           f"unexpected {extra[:3]})")
+        result = set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in tensors.items()})
+        if result.unexpected_keys:
+            raise KeyError(f"peft did not place adapter tensors {result.unexpected_keys[:3]}")
+        return len(tensors)
 
     @torch.inference_mode()
     def generate(

@@ -29,11 +29,13 @@ from rollout_workers.config import EngineConfig
 from rollout_workers.engines.base import active_choices, derive_seed, stop_token_ids
 from rollout_workers.engines.constraint import VocabTrie, token_bytes_table
 from rollout_workers.engines.vllm_engine import (
+    AdapterSlot,
     engine_args,
     sampling_params,
     to_generation,
 )
 from rollout_workers.types import Generation
+from weightsync.adapter import AdapterSpec
 from weightsync.group import GroupSpec
 
 
@@ -55,6 +57,7 @@ class VLLMAsyncEngine:
         self._vocab_size = model_config.get_vocab_size()
         self._vocab: VocabTrie | None = None
         self._ids = itertools.count()
+        self._adapters = AdapterSlot()
 
     @property
     def vocab_trie(self) -> VocabTrie:
@@ -79,7 +82,7 @@ class VLLMAsyncEngine:
                                  choices=choices)
         final = None
         async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt)), params,
-                                            request_id=f"r{next(self._ids)}"):
+                                            request_id=f"r{next(self._ids)}", lora_request=self._adapters.request):
             final = out
         if final is None:
             raise RuntimeError("vLLM's AsyncLLM returned no output for a request")
@@ -121,7 +124,28 @@ class VLLMAsyncEngine:
     async def leave_weight_group(self) -> None:
         await self._llm.collective_rpc("weight_sync_close")
 
+    async def load_adapter(self, path: str) -> None:
+        """`VLLMEngine.load_adapter`: serve later requests with the adapter at `path` (copied)."""
+        await self._switch_adapter(self._adapters.take(path))
+
+    async def receive_adapter(self, spec: AdapterSpec) -> int:
+        """`VLLMEngine.receive_adapter` through the worker extension, by method name."""
+        target = self._adapters.next_dir()
+        counts = await self._llm.collective_rpc("weight_sync_receive_adapter", args=(str(target), spec.peft_config()))
+        await self._switch_adapter(target)
+        return int(counts[0])
+
+    async def _switch_adapter(self, path) -> None:
+        request, old = self._adapters.activate(path)
+        if not await self._llm.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the LoRA adapter {request.lora_name} from {path}")
+        if old is not None and old.lora_int_id in await self._llm.list_loras():
+            await self._llm.remove_lora(old.lora_int_id)
+        self._adapters.drop_old()
+        await self._reset_after_reload()
+
     def close(self) -> None:
         llm, self._llm = self._llm, None
+        self._adapters.close()
         llm.shutdown()
         del llm  # collected now, while vLLM's modules are alive (its __del__ shuts down again)

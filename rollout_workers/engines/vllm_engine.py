@@ -43,7 +43,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-from rollout_workers.config import EngineConfig
+from rollout_workers.config import EngineConfig, vllm_max_lora_rank
 from rollout_workers.engines.base import active_choices, decode_response, derive_seed, stop_token_ids
 from rollout_workers.engines.constraint import (
     VocabTrie,
@@ -53,6 +53,7 @@ from rollout_workers.engines.constraint import (
 )
 from rollout_workers.engines.vllm_sync import WORKER_EXTENSION, repack_lm_head
 from rollout_workers.types import Generation
+from weightsync.adapter import AdapterSpec
 from weightsync.group import GroupSpec
 
 LOGPROBS_MODE = "processed_logprobs"
@@ -88,6 +89,7 @@ class VLLMEngine:
         self.stop_ids = stop_token_ids(self.tokenizer, gen_eos)
         self._vocab_size = model_config.get_vocab_size()
         self._vocab: VocabTrie | None = None
+        self._adapters = AdapterSlot()
 
     @property
     def vocab_trie(self) -> VocabTrie:
@@ -123,6 +125,31 @@ class VLLMEngine:
     def leave_weight_group(self) -> None:
         self._llm.collective_rpc("weight_sync_close")
 
+    # ---- LoRA adapters (engine.lora_rank: enable_lora; see `AdapterSlot`) ----------------------
+
+    def load_adapter(self, path: str) -> None:
+        """Serve every later request with the peft adapter directory at `path` (copied: the caller
+        may delete it) on the base weights, as a new vLLM adapter id; the previous one is removed."""
+        self._switch_adapter(self._adapters.take(path))
+
+    def receive_adapter(self, spec: AdapterSpec) -> int:
+        """Receive one broadcast adapter (every vLLM worker, collective with the sender; the first
+        writes it as a peft directory) and serve it as `load_adapter` does; returns the tensors."""
+        target = self._adapters.next_dir()
+        counts = self._llm.collective_rpc("weight_sync_receive_adapter", args=(str(target), spec.peft_config()))
+        self._switch_adapter(target)
+        return int(counts[0])
+
+    def _switch_adapter(self, path) -> None:
+        engine = self._llm.llm_engine
+        request, old = self._adapters.activate(path)
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the LoRA adapter {request.lora_name} from {path}")
+        if old is not None and old.lora_int_id in engine.list_loras():
+            engine.remove_lora(old.lora_int_id)
+        self._adapters.drop_old()
+        self._reset_after_reload()
+
     def close(self) -> None:
         """Shut the engine core down, destroy vLLM's process groups and remove the rendezvous
         folder. Idempotent."""
@@ -134,6 +161,7 @@ class VLLMEngine:
             del llm
             cleanup_dist_env_and_memory()
         shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
+        self._adapters.close()
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prompt KV blocks (benchmarks use it to compare cold-cache runs)."""
@@ -160,7 +188,8 @@ class VLLMEngine:
             for i, c in enumerate(rows)
         ]
         outputs = self._llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
+            lora_request=self._adapters.request,
         )
         return [self._generation(out.outputs[0], c) for out, c in zip(outputs, rows)]
 
@@ -214,7 +243,61 @@ def engine_args(model_path: str, cfg: EngineConfig, seed: int) -> dict:
                 kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
                 tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                 logprobs_mode=LOGPROBS_MODE, seed=seed, worker_extension_cls=WORKER_EXTENSION,
-                **cpu_scheduler_args(model_path, cfg))
+                **lora_args(cfg), **cpu_scheduler_args(model_path, cfg))
+
+
+def lora_args(cfg: EngineConfig) -> dict:
+    """enable_lora with one adapter slot (the policy's current adapter) of the smallest
+    max_lora_rank that holds engine.lora_rank; {} without LoRA. lora_dtype stays "auto" (the
+    model's dtype, so a float32 engine applies float32 adapters, as the learner does)."""
+    if cfg.lora_rank is None:
+        return {}
+    return {"enable_lora": True, "max_loras": 1, "max_lora_rank": vllm_max_lora_rank(cfg.lora_rank)}
+
+
+class AdapterSlot:
+    """The engine's current LoRA adapter: a private folder per adapter (vLLM loads an adapter from
+    a peft directory, `LoRARequest.lora_path`, and may reload it from there while it is in use)
+    and a new adapter id per load (`LoRARequest.lora_int_id`, never reused, so no cache keyed by
+    it, the prefix cache's block hashes included, can mix two versions)."""
+
+    def __init__(self) -> None:
+        self.request = None
+        self._old = None
+        self._root: str | None = None
+        self._count = 0
+
+    def next_dir(self):
+        from pathlib import Path
+
+        if self._root is None:
+            self._root = tempfile.mkdtemp(prefix="agentrl_lora_")
+        return Path(self._root) / f"adapter-{self._count + 1}"
+
+    def take(self, path: str):
+        """A private copy of the adapter directory at `path`."""
+        target = self.next_dir()
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(path, target)
+        return target
+
+    def activate(self, path):
+        """(the request of the adapter at `path`, the request it replaces)."""
+        from vllm.lora.request import LoRARequest
+
+        self._count += 1
+        self._old, self.request = self.request, LoRARequest(lora_name=f"policy-adapter-{self._count}",
+                                                            lora_int_id=self._count, lora_path=str(path))
+        return self.request, self._old
+
+    def drop_old(self) -> None:
+        old, self._old = self._old, None
+        if old is not None:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def close(self) -> None:
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
 
 
 def cpu_scheduler_args(model_path: str, cfg: EngineConfig) -> dict:

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 import torch
 
+from weightsync.adapter import write_adapter_dir
 from weightsync.group import GroupSpec, WeightGroup
 from weightsync.protocol import receive_weights, release_cached_memory
 
@@ -161,6 +162,26 @@ class WeightSyncExtension:
         finally:
             release_cached_memory()
         return count
+
+    def weight_sync_receive_adapter(self, out_dir: str, config: dict) -> int:
+        """Receive one broadcast LoRA adapter (the tensors only: the base is untouched) and, on the
+        engine's first worker, write it as a peft directory at `out_dir` with adapter_config.json
+        `config`, which the engine then loads as a vLLM adapter (`VLLMEngine.receive_adapter`).
+        A failed receive aborts the group and leaves the serving adapter as it was."""
+        group = getattr(self, "_weight_group", None)
+        if group is None:
+            raise RuntimeError("weight_sync_receive_adapter before weight_sync_join")
+        try:
+            tensors = {name: t.clone() for bucket in receive_weights(group) for name, t in bucket}
+        except Exception:
+            self._weight_group = None
+            group.abort()
+            raise
+        finally:
+            release_cached_memory()
+        if int(getattr(self, "rank", 0)) == 0:
+            write_adapter_dir(out_dir, tensors, config)
+        return len(tensors)
 
     def _weight_sync_recover(self, group: WeightGroup) -> None:
         """After a failed receive: the group is aborted (the sender stops waiting for this rank) and
