@@ -444,6 +444,12 @@ class Cluster:
         """Write the current policy as an HF directory at `out_dir`, from the learner ranks themselves
         (`LearnerWorker.export_weights`: module by module under ZeRO-3, rank 0 writes): on a cluster
         `out_dir` lies under run.output_dir on shared storage, and no weights pass through the driver.
+        `adapter` (LoRA): the peft adapter directory instead (`LearnerWorker.export_adapter`)."""
+        out = Path(out_dir)
+        self._on_learners(lambda lw: (lw.export_adapter if adapter else lw.export_weights).remote(str(out)),
+                          what="export_hf")
+        return out
+
     def load_adapter(self, adapter_dir: str | Path, version: int) -> None:
         """Apply the peft adapter directory `adapter_dir` (the driver's) in every engine as `version`."""
         import ray
@@ -451,12 +457,6 @@ class Cluster:
         files = ray.put({p.name: p.read_bytes() for p in Path(adapter_dir).iterdir() if p.is_file()})
         self._on_workers([(w, lambda h: h.load_weight_files.remote(files, version)) for w in range(len(self.workers))],
                          what="adapter load")
-
-        `adapter` (LoRA): the peft adapter directory instead (`LearnerWorker.export_adapter`)."""
-        out = Path(out_dir)
-        self._on_learners(lambda lw: (lw.export_adapter if adapter else lw.export_weights).remote(str(out)),
-                          what="export_hf")
-        return out
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> None:
         self._on_learners(lambda lw: lw.save_checkpoint.remote(str(ckpt_dir)), what="save_checkpoint")

@@ -35,13 +35,6 @@ class EngineConfig(_Section):
     """vLLM: longest prompt + response in tokens (None = the model's max_position_embeddings)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """HF engine: where the model runs ("auto" = cuda when available)."""
-
-
-class RolloutConfig(_Section):
-    num_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
-    """RolloutWorker actors (each owns one engine and a share of the EnvPools), or "auto": the
-    driver starts one, then between steps as many more as the cluster's free resources hold, up
-    to `max_workers`, and drops those whose node left (`deploy.elastic`; each worker then owns
     lora_rank: int | None = Field(default=None, ge=1, le=max(VLLM_LORA_RANKS))
     """Rank of the LoRA adapters the engine receives (a training config sets it from
     learner.lora.rank when the adapters travel alone; None: full weights only). vLLM: the engine
@@ -54,6 +47,13 @@ def vllm_max_lora_rank(rank: int) -> int:
         if allowed >= rank:
             return allowed
     raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+
+
+class RolloutConfig(_Section):
+    num_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """RolloutWorker actors (each owns one engine and a share of the EnvPools), or "auto": the
+    driver starts one, then between steps as many more as the cluster's free resources hold, up
+    to `max_workers`, and drops those whose node left (`deploy.elastic`; each worker then owns
     `ray.env_pools` pools of its own)."""
     max_workers: int | None = Field(default=None, ge=1)
     """Upper bound on rollout workers with num_workers="auto" (required there; refused otherwise)."""

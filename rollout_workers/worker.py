@@ -32,8 +32,8 @@ from rollout_workers.engines.base import derive_seed
 from rollout_workers.engines.registry import make_async_engine, make_engine
 from rollout_workers.loop import EnvPoolClient, run_episodes
 from rollout_workers.types import Generation, RolloutStats, Trajectory
-from weightsync.group import GroupSpec
 from weightsync.adapter import AdapterSpec, is_adapter_files
+from weightsync.group import GroupSpec
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,21 @@ class RolloutWorker:
             self._calls = 0  # seeds derive from (seed, version, call): a resumed run replays them
         self._version = version
 
+    def load_adapter(self, path: str, version: int) -> None:
+        """Apply the peft adapter directory at `path` (on this node) on the base as policy `version`."""
+        with self._guarded("load_adapter", update=True):
+            self._load_adapter(path, version)
+
+    def _load_adapter(self, path: str, version: int) -> None:
+        load = getattr(self._engine, "load_adapter", None)
+        if load is None:
+            raise ValueError(f"engine {type(self._engine).__name__} cannot apply LoRA adapters; "
+                             "set learner.lora.merge_on_sync=true")
+        load(path)
+        if version != self._version:
+            self._calls = 0
+        self._version = version
+
     def weight_group_ranks(self) -> int:
         """Members this worker's engine contributes to the weight-sync group."""
         return int(getattr(self._engine, "weight_group_ranks", 1))
@@ -213,21 +228,6 @@ class RolloutWorker:
 
     def leave_weight_group(self) -> None:
         leave = getattr(self._engine, "leave_weight_group", None)
-    def load_adapter(self, path: str, version: int) -> None:
-        """Apply the peft adapter directory at `path` (on this node) on the base as policy `version`."""
-        with self._guarded("load_adapter", update=True):
-            self._load_adapter(path, version)
-
-    def _load_adapter(self, path: str, version: int) -> None:
-        load = getattr(self._engine, "load_adapter", None)
-        if load is None:
-            raise ValueError(f"engine {type(self._engine).__name__} cannot apply LoRA adapters; "
-                             "set learner.lora.merge_on_sync=true")
-        load(path)
-        if version != self._version:
-            self._calls = 0
-        self._version = version
-
         if leave is not None:
             leave()
 
