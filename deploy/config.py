@@ -25,6 +25,7 @@ from deploy.config_sections import (
     SyncConfig,
 )
 from deploy.config_uniskill import UniSkillConfig, proposer_loss_settings
+from deploy.placement import colocation_errors, derive_sync_method
 from envs.config import EnvConfig
 from learner.config import LearnerConfig, LoraConfig
 from rollout_workers.config import EngineConfig, RolloutConfig
@@ -155,6 +156,8 @@ class TrainConfig(Section):
         """A RolloutWorker runs one engine; with tensor parallelism it spans exactly
         engine.tensor_parallel_size whole GPUs (one placement bundle each, `deploy.topology`)."""
         tp, gpus = self.engine.tensor_parallel_size, self.ray.rollout_gpus
+        if self.ray.placement == "colocated":  # each rank's share of its GPU (`deploy.placement`)
+            gpus = tp if gpus else 0.0
         if tp > 1 and self.engine.engine != "vllm":
             raise ValueError(f"engine.tensor_parallel_size={tp} applies to engine.engine='vllm' only; "
                              f"engine.engine={self.engine.engine!r} runs on one device: set it to 1")
@@ -171,18 +174,32 @@ class TrainConfig(Section):
                                  f"ray.rollout_gpus={tp} and raise rollout.num_workers to use more GPUs")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _colocated_sync_default(cls, data: Any) -> Any:
+        """ray.placement=colocated hands the weights over in place unless sync.method says otherwise."""
+        return derive_sync_method(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> TrainConfig:
+        """ray.placement's rules (`deploy.placement`): all refusals at once, each naming its fix."""
+        errors = colocation_errors(self)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
     @model_validator(mode="after")
     def _broadcast_needs_whole_gpus(self) -> TrainConfig:
         """Every member of the weight-sync group needs a GPU of its own: NCCL refuses two ranks of
         one group on one GPU, which fractional ray.rollout_gpus / ray.learner_gpus would produce."""
-        if self.sync.method != "broadcast":
+        if self.sync.method != "broadcast" or self.ray.placement == "colocated":
             return self
         for key in ("rollout_gpus", "learner_gpus"):
             gpus = getattr(self.ray, key)
             if 0 < gpus < 1:
                 raise ValueError(f"sync.method=broadcast needs a whole GPU per weight-sync member (NCCL refuses two "
-                                 f"ranks on one GPU), but ray.{key}={gpus:g} shares GPUs; colocated placement is not "
-                                 "available yet; use sync.method=object_store")
+                                 f"ranks on one GPU), but ray.{key}={gpus:g} shares GPUs; set ray.placement=colocated "
+                                 "(in-place handover) or sync.method=object_store")
         return self
 
     @model_validator(mode="after")

@@ -129,6 +129,13 @@ class EvalConfig(Section):
 
 
 class RayConfig(Section):
+    placement: Literal["disaggregated", "colocated"] = "disaggregated"
+    """disaggregated: learner ranks and rollout engines hold devices of their own. colocated: each
+    engine rank shares its device (one placement bundle) with one learner rank, and the two take
+    turns: engines generate while the learner's state is offloaded, the learner trains while the
+    engines sleep, and the new weights hand over in place (sync.method=handover).
+    Needs ray.num_learners = rollout.num_workers x engine.tensor_parallel_size, rollout.max_staleness
+    0 and a fixed rollout.num_workers (docs/architecture.md "Placement")."""
     address: str | None = None
     """Ray address; None starts (or joins, under `ray job submit`) a local cluster."""
     namespace: str | None = None
@@ -252,11 +259,14 @@ class SyncConfig(Section):
     """How new weights reach the rollout engines after each update (docs/architecture.md
     "Weight sync")."""
 
-    method: Literal["broadcast", "object_store"] = "broadcast"
+    method: Literal["broadcast", "object_store", "handover"] = "broadcast"
     """broadcast: learner rank 0 streams the tensors in buckets over one extra process group
     (NCCL on GPU, gloo on CPU) straight into each engine, no files, no object store; object_store:
     rank 0 exports safetensors bytes through the Ray object store and each worker reloads them
-    from a temporary directory (the fallback, and how a restarted worker always catches up)."""
+    from a temporary directory (the fallback, and how a restarted worker always catches up);
+    handover (ray.placement=colocated, its default there): each learner rank hands the buckets to
+    the engine rank on its own device in place, by CUDA IPC handles on GPU and shared memory on CPU
+    (`weightsync.ipc`), without a process group."""
     bucket_mb: float = Field(256.0, gt=0)
     """Size of one broadcast bucket in MiB (a larger tensor travels alone); bounds the transient
     memory on each side."""
