@@ -34,12 +34,13 @@ def build_model(out_dir: Path, env_cfg, eos_scale: float) -> Path:
     from safetensors.torch import load_file, save_file
 
     from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
+    from envs.alfworld.prompts import ALFWORLD_PROMPT
     from envs.pool import EnvPool
     from envs.tasks import sample_tasks
-    from rollout_workers.prompts import render_alfworld_message
+    from rollout_workers.prompts import render_turn_message
 
     steps = EnvPool(env_cfg, 8).reset(list(range(8)), sample_tasks(env_cfg, "train", 8, seed=123))
-    corpus = [render_alfworld_message(task="t", current_observation=s.observation, history=[], history_length=2,
+    corpus = [render_turn_message(ALFWORLD_PROMPT, task="t", current_observation=s.observation, history=[], history_length=2,
                                       admissible_actions=s.admissible_actions, use_think=False) for s in steps]
     corpus += [f"<action>{a}</action>" for s in steps for a in s.admissible_actions]
     shape = TinyModelConfig(vocab_size=720, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,

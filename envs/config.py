@@ -7,11 +7,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from envs import registry
 from envs.household.difficulty import PRESETS, Difficulty, PresetName, TaskType
 
 
 class EnvConfig(BaseModel):
     """Which environment, which engine, how hard, and the episode rules.
+
+`name` is a registered environment (`envs.registry`; the built-in alfworld and webshop) or the
+name of the plugin `plugin` loads; `options` reaches that environment as is. The alfworld and
+webshop knobs below are the built-in environments' own (a plugin reads its knobs from `options`).
 
     Difficulty = the preset, with each explicitly set knob overriding it (`difficulty()`).
     Presets: easy (laptop demo: pick_and_place_simple, look_at_obj_in_light,
@@ -22,10 +27,16 @@ class EnvConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    name: Literal["alfworld", "webshop"] = "alfworld"
-    """Environment family; TaskSpec.env of every task."""
-    backend: Literal["embedded", "alfworld", "webshop"] = "embedded"
-    """Engine: 'embedded' = our pure-Python simulators (envs/household, envs/webshop);
+    name: str = "alfworld"
+    """A registered environment name (built-in: alfworld, webshop); TaskSpec.env of every task.
+    Defaults to the plugin's name when `plugin` is given."""
+    plugin: str | None = None
+    """An environment from any installed package, as "package.module:Factory" (a class or callable
+    returning an `envs.api.EnvPlugin`); None = `name` as registered (built-in or entry point)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """The environment's own options, passed to its plugin as they are (`cfg.options`)."""
+    backend: str = "embedded"
+    """Engine (default: the environment's first backend): 'embedded' = our pure-Python simulators (envs/household, envs/webshop);
     'alfworld' = the real alfworld/TextWorld engine on game files; 'webshop' = the upstream
     WebShop text environment (when its package is importable)."""
     data_path: str | None = None
@@ -69,19 +80,38 @@ class EnvConfig(BaseModel):
     reward_scale: float = 10.0
     """Reward on the winning step (reward = reward_scale x won; verl-agent uses 10)."""
 
+    def __hash__(self) -> int:
+        """Hashable although `options` is a dict (per-config caches key on the config)."""
+        return hash(self.model_dump_json())
+
     @model_validator(mode="before")
     @classmethod
     def _per_env_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("name") == "webshop" and "max_steps" not in data:
-            data = {**data, "max_steps": 15}
+        """Resolve the plugin (by `plugin` spec or by `name`) and apply its default step limit."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("plugin"):
+            plugin = registry.register_spec(str(data["plugin"]))
+            if data.get("name", plugin.name) != plugin.name:
+                raise ValueError(f"env.name={data['name']!r} but env.plugin={data['plugin']!r} gives env "
+                                 f"{plugin.name!r}: drop env.name or make them agree")
+            data = {**data, "name": plugin.name}
+        else:
+            plugin = registry.get_plugin(str(data.get("name", "alfworld")))
+        if "backend" not in data:
+            data = {**data, "backend": plugin.backends[0]}
+        if "max_steps" not in data and plugin.default_max_steps is not None:
+            data = {**data, "max_steps": plugin.default_max_steps}
         return data
 
     @model_validator(mode="after")
     def _knobs_are_consistent(self) -> EnvConfig:
-        allowed = {"alfworld": ("embedded", "alfworld"), "webshop": ("embedded", "webshop")}[self.name]
-        if self.backend not in allowed:
-            raise ValueError(f"env.backend {self.backend!r} does not run env.name {self.name!r}; use one of {allowed}")
+        plugin = registry.plugin_for(self)
+        if self.backend not in plugin.backends:
+            raise ValueError(f"env.backend {self.backend!r} does not run env.name {self.name!r}; use one of "
+                             f"{tuple(plugin.backends)}")
         self.difficulty()  # raises ValueError with the offending knob values
+        plugin.check_config(self)
         return self
 
     def webshop_env_kwargs(self) -> dict[str, Any]:

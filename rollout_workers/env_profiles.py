@@ -1,47 +1,42 @@
-"""Per-env rollout choices, in one table: env name -> the profile the rollout loop and every
-re-rendering of a recorded turn use.
+"""Per-env rollout choices, read from each environment's plugin (`envs.api.EnvPlugin`, resolved by
+name through `envs.registry`): the profile the rollout loop and every re-rendering of a recorded
+turn use. Nothing here knows an environment by name.
 
-| field               | ALFWorld                         | WebShop                                   |
-|---------------------|----------------------------------|-------------------------------------------|
-| render_message      | `prompts.render_alfworld_message`| `prompts_webshop.render_webshop_message`  |
-| instruction         | the "Your task is to:" line      | the page's "Instruction:" part            |
-| format_observation  | as is                            | verl-agent's quoted view of the page      |
-| fallback_chars      | 30                               | 20 (verl-agent's projections)             |
-| constrained_choices | `parsing.alfworld_choices`       | `parsing.webshop_choices`                 |
-| proposer_setting    | `proposer.ALFWORLD_SETTING`      | `proposer.WEBSHOP_SETTING`                |
-| task_score_metric   | None (no raw score)              | "webshop_task_score"                      |
-
-A new environment adds one entry to `PROFILES` (its renderer, parsing and proposer text).
+| field               | from the plugin                                                      |
+|---------------------|----------------------------------------------------------------------|
+| render_message      | `rollout_workers.prompts.render_turn_message` with `plugin.prompt`   |
+| instruction         | `plugin.instruction` (the task line the reset observation shows)     |
+| format_observation  | `plugin.prompt.format_observation`                                   |
+| fallback_chars      | `plugin.fallback_chars`                                              |
+| constrained_choices | `plugin.constrained_actions`, each wrapped in action tags            |
+| proposer_setting    | `plugin.vocabulary.setting`                                          |
+| task_score_metric   | `plugin.task_score_metric`                                           |
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from envs.registry import get_plugin
 from envs.types import TaskSpec
-from rollout_workers.parsing import ParsedAction, alfworld_choices, parse_action, webshop_choices
-from rollout_workers.prompts import render_alfworld_message, task_description
-from rollout_workers.prompts_webshop import format_observation, render_webshop_message, webshop_instruction
-from rollout_workers.proposer import ALFWORLD_SETTING, WEBSHOP_SETTING
+from rollout_workers.parsing import ParsedAction, constrained_choices, parse_action
+from rollout_workers.prompts import render_turn_message
 
 
 class MessageRenderer(Protocol):
-    """One turn's user message with an env's verl-agent template."""
+    """One turn's user message with an env's prompt pieces."""
 
     def __call__(self, *, task: str, current_observation: str, admissible_actions: Sequence[str],
                  history: Sequence[tuple[str, str]], history_length: int, use_think: bool,
                  skill_text: str | None = None, teacher_context: str | None = None) -> str: ...
 
 
-def _as_is(observation: str, task: str) -> str:
-    return observation
-
-
 @dataclass(frozen=True)
 class RolloutEnvProfile:
-    """How the rollout side plays and shows one env.
+    """How the rollout side plays and shows one env (its plugin, `envs.api.EnvPlugin`).
 
     `instruction(reset_observation)`: the task line the observation shows ("" when it shows none);
     `format_observation(observation, task)`: a raw observation as the prompts show it;
@@ -52,13 +47,37 @@ class RolloutEnvProfile:
     None when the env reports none."""
 
     env: str
-    render_message: MessageRenderer
-    instruction: Callable[[str], str]
-    format_observation: Callable[[str, str], str]
-    fallback_chars: int
-    constrained_choices: Callable[[Sequence[str], str], list[str]]
-    proposer_setting: str
-    task_score_metric: str | None = None
+    plugin: Any
+
+    @property
+    def render_message(self) -> MessageRenderer:
+        return functools.partial(render_turn_message, self.plugin.prompt)
+
+    def instruction(self, reset_observation: str) -> str:
+        return self.plugin.instruction(reset_observation)
+
+    def format_observation(self, observation: str, task: str) -> str:
+        return self.plugin.prompt.format_observation(observation, task)
+
+    @property
+    def fallback_chars(self) -> int:
+        return self.plugin.fallback_chars
+
+    def constrained_choices(self, admissible: Sequence[str], instruction: str) -> list[str]:
+        return constrained_choices(self.plugin.constrained_actions(admissible, instruction))
+
+    @property
+    def proposer_setting(self) -> str:
+        return self.plugin.vocabulary.setting
+
+    @property
+    def instance_pattern(self) -> str:
+        """The env's pattern of instance-specific text (UniSkill's rule critic refuses it in a skill)."""
+        return self.plugin.vocabulary.instance_pattern
+
+    @property
+    def task_score_metric(self) -> str | None:
+        return self.plugin.task_score_metric
 
     @property
     def reports_task_score(self) -> bool:
@@ -73,21 +92,7 @@ class RolloutEnvProfile:
         return parse_action(output, require_think=require_think, fallback_chars=self.fallback_chars)
 
 
-PROFILES: dict[str, RolloutEnvProfile] = {
-    "alfworld": RolloutEnvProfile(
-        env="alfworld", render_message=render_alfworld_message, instruction=task_description,
-        format_observation=_as_is, fallback_chars=30, constrained_choices=alfworld_choices,
-        proposer_setting=ALFWORLD_SETTING),
-    "webshop": RolloutEnvProfile(
-        env="webshop", render_message=render_webshop_message, instruction=webshop_instruction,
-        format_observation=format_observation, fallback_chars=20, constrained_choices=webshop_choices,
-        proposer_setting=WEBSHOP_SETTING, task_score_metric="webshop_task_score"),
-}
-
-
+@functools.cache
 def rollout_profile(env: str) -> RolloutEnvProfile:
-    """The env's rollout profile; a ValueError naming the known envs for any other name."""
-    try:
-        return PROFILES[env]
-    except KeyError:
-        raise ValueError(f"no rollout profile for env {env!r}; known envs: {', '.join(sorted(PROFILES))}") from None
+    """The env's rollout profile; a ValueError naming the registered envs for an unknown name."""
+    return RolloutEnvProfile(env=env, plugin=get_plugin(env))

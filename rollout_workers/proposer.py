@@ -100,9 +100,6 @@ def render_trajectory(turns: Sequence[TurnText], *, won: bool, max_chars: int) -
 
 # ---- the prompt ---------------------------------------------------------------------------------
 
-ALFWORLD_SETTING = "a household task in the ALFRED Embodied Environment (text-based)"
-WEBSHOP_SETTING = "a shopping task on the WebShop website (text-based)"
-
 _OP_LINES = {
     "NO_SKILL": "NO_SKILL: the attempts reveal nothing reusable that is missing; change nothing.",
     "ADD_NEW_SKILL": "ADD_NEW_SKILL: they reveal reusable guidance that no skill gives yet; write it as a "

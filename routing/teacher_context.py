@@ -2,7 +2,7 @@
 rows", S8 "context parts"). Pure and deterministic, stdlib only.
 
 The block is inserted verbatim into the student's prompt right before the current observation
-(`rollout_workers.prompts.render_alfworld_message(teacher_context=...)`), and the student's exact
+(`rollout_workers.prompts.render_turn_message(teacher_context=...)`), and the student's exact
 response ids are scored under that prompt. It is built from switchable parts:
 
 - "full_reference": the reference successful trajectory, one line per reference step,

@@ -1,26 +1,28 @@
-"""Per-env state tracking for routing, in one table: env name -> the tracker profile that stamps
-a recorded episode's turns with state signatures and summarises the state for the teacher.
+"""Per-env state tracking for routing, read from each environment's plugin (`envs.api.EnvPlugin`,
+resolved by name through `envs.registry`): the tracker profile that stamps a recorded episode's
+turns with state signatures, summarises the state for the teacher and names the held instances.
 
-- ALFWorld (`routing.alfworld_tracker`): signatures from the observation stream; the state
-  summary is the exact signature's fields.
-- WebShop (`routing.webshop_tracker`): signatures from the observations, the actions and the
-  admissible actions shown on each page (they tell option values from headers); the exact
-  signature holds no stage, so the summary is the tracker's progress fields instead.
+An environment that provides a tracker (`plugin.tracker()`, e.g. the built-in ALFWorld and WebShop
+trackers in `envs.alfworld.tracker` and `envs.webshop.tracker`) is routed with it; one that
+provides none gets the generic observation-text tracker (`routing.generic_tracker`), on which
+only the matchers in `MATCHERS_WITHOUT_TRACKER` are meaningful.
 
 `held(episode)` gives the object instance held at each observation where the signature names it
-by class only (ALFWorld), so a matched reference's actions can be bound to the student's instance
-(`routing.matching.binding`); WebShop has no instances and returns [].
-
-A new environment adds its tracker module and one entry to `TRACKERS`.
+by class only, so a matched reference's actions can be bound to the student's instance
+(`routing.matching.binding`); an env without instances returns [].
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from routing import alfworld_tracker, webshop_tracker
+from envs.registry import get_plugin
+from routing.generic_tracker import MATCHERS_WITHOUT_TRACKER, GenericTracker
 from routing.types import StateSignature, TrackedEpisode
+
+__all__ = ["MATCHERS_WITHOUT_TRACKER", "TrackerProfile", "has_tracker", "tracker_profile"]
 
 SignaturesFn = Callable[[TrackedEpisode], list[StateSignature]]
 StateSummaryFn = Callable[[TrackedEpisode, int, Sequence[StateSignature]], dict[str, str]]
@@ -32,59 +34,24 @@ class TrackerProfile:
     """How routing tracks one env's state: `signatures(episode)` gives one exact signature per
     observation; `state_summary(episode, t, signatures)` the fields the teacher's state summary
     shows at turn t (`routing.teacher_context`); `held(episode)` the instance held at each
-    observation ([] for an env without instances)."""
+    observation ([] for an env without instances). `generic`: the env has no tracker of its own."""
 
     env: str
     signatures: SignaturesFn
     state_summary: StateSummaryFn
     held: HeldFn
+    generic: bool = False
 
 
-def _alfworld_signatures(ep: TrackedEpisode) -> list[StateSignature]:
-    return alfworld_tracker.signatures_for_episode(ep.task_id, ep.task_type, ep.instruction, ep.observations,
-                                                   ep.actions)
+def has_tracker(env: str) -> bool:
+    """Whether the env provides its own state tracker (else routing uses the generic one)."""
+    return get_plugin(env).tracker() is not None
 
 
-def _alfworld_held(ep: TrackedEpisode) -> list[str | None]:
-    return alfworld_tracker.held_for_episode(ep.task_id, ep.task_type, ep.instruction, ep.observations, ep.actions)
-
-
-def _no_instances(ep: TrackedEpisode) -> list[str | None]:
-    return []
-
-
-def _signature_fields(ep: TrackedEpisode, t: int, signatures: Sequence[StateSignature]) -> dict[str, str]:
-    return dict(signatures[t].fields)
-
-
-def _webshop_signatures(ep: TrackedEpisode) -> list[StateSignature]:
-    return webshop_tracker.signatures_for_episode(ep.task_id, ep.task_type, ep.instruction, ep.observations,
-                                                  ep.actions, admissible=ep.admissible)
-
-
-WEBSHOP_SUMMARY_FIELDS = ("stage", "page", "product", "options", "option_progress", "price_ok")
-
-
-def _webshop_summary(ep: TrackedEpisode, t: int, signatures: Sequence[StateSignature]) -> dict[str, str]:
-    """The tracker's progress fields after observation t (replayed from the reset)."""
-    tracker = webshop_tracker.WebShopTracker(ep.task_id, ep.instruction)
-    for k in range(t + 1):
-        shown = ep.admissible[k] if k < len(ep.admissible) else None
-        tracker.observe(None if k == 0 else ep.actions[k - 1], ep.observations[k], shown)
-    return {key: value for key, value in tracker.fields().items() if key in WEBSHOP_SUMMARY_FIELDS}
-
-
-TRACKERS: dict[str, TrackerProfile] = {
-    alfworld_tracker.ENV_NAME: TrackerProfile(alfworld_tracker.ENV_NAME, _alfworld_signatures, _signature_fields,
-                                              _alfworld_held),
-    webshop_tracker.ENV_NAME: TrackerProfile(webshop_tracker.ENV_NAME, _webshop_signatures, _webshop_summary,
-                                             _no_instances),
-}
-
-
+@functools.cache
 def tracker_profile(env: str) -> TrackerProfile:
-    """The env's tracker profile; a ValueError naming the known envs for any other name."""
-    try:
-        return TRACKERS[env]
-    except KeyError:
-        raise ValueError(f"no state tracker for env {env!r}; known envs: {', '.join(sorted(TRACKERS))}") from None
+    """The env's tracker profile (the generic one when it provides none); a ValueError naming the
+    registered envs for an unknown name."""
+    own = get_plugin(env).tracker()
+    tracker = own if own is not None else GenericTracker(env)
+    return TrackerProfile(env, tracker.signatures, tracker.state_summary, tracker.held, generic=own is None)

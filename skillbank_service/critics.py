@@ -1,8 +1,9 @@
 """Skill critics behind one interface: `judge(request) -> CriticVerdict`.
 
 - `RuleCritic` (offline, the laptop default): content is supported when it is grounded in the
-  entities and actions of the source trajectory and reusable (no instance ids such as "cabinet 3",
-  no product codes, no CJK text); the op is reasonable when it fits the retrieved skill (UPDATE
+  entities and actions of the source trajectory and reusable (no instance-specific text: the
+  environment's `instance_pattern` from its plugin's vocabulary, by default instance ids such as
+  "cabinet 3" and product codes; no CJK text); the op is reasonable when it fits the retrieved skill (UPDATE
   needs one and must change it; ADD must not near-duplicate it) and, for NO_SKILL, when the pair
   holds no lesson the bank lacks (`missed_winning_action`).
 - `LLMCritic`: UniSkill's critic, an OpenAI-compatible chat endpoint answering a JSON verdict
@@ -145,7 +146,7 @@ class RuleCritic:
     def _content(r: CriticRequest) -> tuple[bool, str]:
         if _CJK.search(r.text):
             return False, "content: contains CJK text"
-        m = _INSTANCE.search(r.text)
+        m = (re.compile(r.instance_pattern) if r.instance_pattern else _INSTANCE).search(r.text)
         if m:
             return False, f"content: instance-specific {m.group(0)!r} (write reusable guidance)"
         words = {_stem(w) for w in _words(r.text)}

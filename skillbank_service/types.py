@@ -65,6 +65,9 @@ class CriticRequest(_Frozen):
     """The reference's outcome and actions (None: not given)."""
     retrieved_skill_id: str | None = None
     retrieved_skill_text: str | None = None
+    instance_pattern: str | None = None
+    """The environment's pattern of instance-specific text (`envs.api.SkillVocabulary`), which the rule
+    critic refuses in a skill; None: the default (object numbers such as "cabinet 3", product ids)."""
 
 
 class ScoredProposal(_Frozen):

@@ -3,6 +3,7 @@ docs cite is in the repository."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -97,3 +98,73 @@ def test_every_cited_document_is_in_the_repository():
             if not any(c.is_file() for c in candidates):
                 missing.setdefault(name, set()).add(str(src.relative_to(ROOT)))
     assert missing == {}, f"documents cited but not in the repository: {missing}"
+
+
+# ---- environment-neutral core -----------------------------------------------------------------------
+ENV_NEUTRAL = ("routing", "rollout_workers", "learner", "deploy")
+"""Packages that reach every environment through its plugin (`envs.api`), never by its name."""
+KNOWN_ENV_NAMES = frozenset({"alfworld", "webshop", "scienceworld", "keyroom"})
+"""Every environment this repository ships or documents (built-in, plugins/, examples/): the
+registered ones are added at run time."""
+
+
+def _env_keyed_lines(source: str, names: frozenset[str]) -> list[int]:
+    """Lines where an environment's name (a string constant) keys a branch or a table: a comparison
+    (`==`, `!=`, `in`, also inside a tuple/list/set), a dict key, a match case, a subscript
+    (`table["webshop"]`, `Literal["alfworld", ...]`)."""
+
+    def names_env(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value.lower() in names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(names_env(e) for e in node.elts)
+        return False
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        operands: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Dict):
+            operands = [k for k in node.keys if k is not None]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        elif isinstance(node, ast.Subscript):
+            operands = [node.slice]
+        if any(names_env(o) for o in operands):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_env_name_finder_finds_branches_and_tables():
+    names = frozenset({"alfworld", "webshop"})
+    source = '''
+if env == "alfworld": pass
+x = env in ("webshop", "other")
+PROFILES = {"alfworld": 1}
+y = PROFILES["webshop"]
+Name = Literal["alfworld", "webshop"]
+match env:
+    case "webshop": pass
+ok = plugin_for(cfg).name
+msg = f"unknown env {env!r}"
+default = "alfworld"
+'''
+    assert _env_keyed_lines(source, names) == [2, 3, 4, 5, 6, 8]
+
+
+def test_core_holds_no_branch_or_table_keyed_by_an_env_name():
+    from envs.registry import registered_names
+
+    names = KNOWN_ENV_NAMES | set(registered_names())
+    found = {str(p.relative_to(ROOT)): lines for package in ENV_NEUTRAL for p in sorted((ROOT / package).rglob("*.py"))
+             if (lines := _env_keyed_lines(p.read_text(), names))}
+    assert found == {}, ("an environment's own code belongs with the environment (its plugin, envs.api); "
+                         f"these lines key a branch or table by an env name: {found}")
+
+
+def test_env_specific_modules_live_with_their_environment():
+    """No tracker, prompt or parity module of one environment in the environment-neutral packages."""
+    stray = [str(p.relative_to(ROOT)) for package in ENV_NEUTRAL for p in (ROOT / package).rglob("*.py")
+             if any(name in p.stem.lower() for name in KNOWN_ENV_NAMES)]
+    assert stray == []

@@ -114,7 +114,7 @@ def run_rows(run_dir: Path, split: str | None = None) -> list[ResultRow]:
     rows = []
     for ev in evals or [None]:
         rows.append(ResultRow(
-            name=summary.name, method=method, model=model, env=env if env in ("alfworld", "webshop") else "alfworld",
+            name=summary.name, method=method, model=model, env=str(env),
             split=ev and ev.split, k=ev and ev.k, avg_at_k=ev and ev.avg_at_k, avg_at_k_se=ev and ev.avg_at_k_se,
             pass_at_k=ev and ev.pass_at_k, score=ev and ev.score,
             per_task_type={t: r.avg_at_k for t, r in sorted(ev.per_task_type.items())} if ev else {},

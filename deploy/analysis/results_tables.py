@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -35,7 +35,8 @@ class ResultRow(BaseModel):
     actor_only, proposer_only, no_r_align, no_support_reg)."""
     model: str | None = None
     """Backbone (model.path or the paper's name for it)."""
-    env: Literal["alfworld", "webshop"] = "alfworld"
+    env: str = "alfworld"
+    """The environment's registered name (the paper tables show `PAPER_BENCHMARKS`; `runs_table` any)."""
     split: str | None = None
     k: int | None = None
     avg_at_k: float | None = None
@@ -80,6 +81,9 @@ def read_results(path: str | Path) -> ResultsFile:
     return ResultsFile.model_validate_json(Path(path).read_text())
 
 
+PAPER_BENCHMARKS = ("alfworld", "webshop")
+"""The papers' two column groups, in print order: the household benchmark (success per task type) and
+the shopping benchmark (score and success). A row of another environment appears in `runs_table`."""
 ALFWORLD_TYPES = (("pick_and_place_simple", "Pick"), ("look_at_obj_in_light", "Look"),
                   ("pick_clean_then_place_in_recep", "Clean"), ("pick_heat_then_place_in_recep", "Heat"),
                   ("pick_cool_then_place_in_recep", "Cool"), ("pick_two_obj_and_place", "Pick2"))
@@ -109,9 +113,11 @@ def _lines(rows: Sequence[ResultRow], paper_rows: Sequence[str]) -> list[tuple]:
     per benchmark gives one line and repeated runs (e.g. a re-run) each get their own, labelled with
     the row's name. Order: per model present, the paper's rows (for the first model a placeholder line
     when nothing matches, so every main row shows), then every other group in input order."""
+    household, shop = PAPER_BENCHMARKS
     groups: dict[tuple, dict[str, list[ResultRow]]] = {}
     for r in rows:
-        groups.setdefault((r.model, r.method, r.retrieval), {"alfworld": [], "webshop": []})[r.env].append(r)
+        if r.env in PAPER_BENCHMARKS:
+            groups.setdefault((r.model, r.method, r.retrieval), {b: [] for b in PAPER_BENCHMARKS})[r.env].append(r)
     keys: list[tuple] = []
     for i, model in enumerate(dict.fromkeys(k[0] for k in groups) if groups else [None]):
         for method in paper_rows:
@@ -120,11 +126,11 @@ def _lines(rows: Sequence[ResultRow], paper_rows: Sequence[str]) -> list[tuple]:
     keys += [k for k in groups if k not in keys]
     out = []
     for key in keys:
-        by_env = groups.get(key, {"alfworld": [], "webshop": []})
-        n = max(len(by_env["alfworld"]), len(by_env["webshop"]), 1)
+        by_env = groups.get(key, {b: [] for b in PAPER_BENCHMARKS})
+        n = max(len(by_env[household]), len(by_env[shop]), 1)
         for j in range(n):
-            alf = by_env["alfworld"][j] if j < len(by_env["alfworld"]) else None
-            web = by_env["webshop"][j] if j < len(by_env["webshop"]) else None
+            alf = by_env[household][j] if j < len(by_env[household]) else None
+            web = by_env[shop][j] if j < len(by_env[shop]) else None
             label = METHOD_NAMES.get(key[1], key[1])
             if n > 1:
                 label += f": {(alf or web).name}"

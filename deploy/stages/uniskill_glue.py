@@ -130,6 +130,8 @@ class ProposerPrompt:
     reference_text: str = ""
     source: TrajectoryEvidence | None = None
     reference: TrajectoryEvidence | None = None
+    instance_pattern: str | None = None
+    """The env's instance-specific text pattern (its plugin's vocabulary), for the rule critic."""
 
 
 def trajectory_evidence(traj: Trajectory) -> TrajectoryEvidence:
@@ -166,7 +168,7 @@ def proposer_prompts(
             too_long += 1
             continue
         out.append(ProposerPrompt(c, tuple(ids), legal, skill, src.task.task_type, source_text, reference_text,
-                                  trajectory_evidence(src), trajectory_evidence(ref)))
+                                  trajectory_evidence(src), trajectory_evidence(ref), profile.instance_pattern))
     return out, too_long
 
 
@@ -253,7 +255,7 @@ def critic_requests(prompts: Sequence[ProposerPrompt], parsed: Sequence[ParsedPr
                       source_trajectory=p.source_text, reference_trajectory=p.reference_text,
                       source=p.source, reference=p.reference,
                       retrieved_skill_id=p.skill.skill_id if p.skill else None,
-                      retrieved_skill_text=p.skill.text if p.skill else None)
+                      retrieved_skill_text=p.skill.text if p.skill else None, instance_pattern=p.instance_pattern)
         for p, q in zip(prompts, parsed, strict=True) if q.ok and q.op is not None
     ]
 

@@ -15,12 +15,13 @@ from deploy.config import TrainConfig
 from deploy.config_sections import MethodConfig, RunConfig
 from deploy.evaluation import EvalResult, TypeResult
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
+from envs.alfworld.prompts import ALFWORLD_PROMPT, task_description
 from envs.config import EnvConfig
 from envs.registry import make_env
 from envs.tasks import eval_tasks
 from rollout_workers.config import RolloutConfig
 from rollout_workers.parsing import action_choice
-from rollout_workers.prompts import render_alfworld_message, render_prompt_ids, task_description
+from rollout_workers.prompts import render_prompt_ids, render_turn_message
 from rollout_workers.types import Trajectory, Turn
 
 TINY = TinyModelConfig(vocab_size=300, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -190,7 +191,7 @@ def _episode(env_cfg, task, tok, *, detour: int, rng: random.Random, traj_id: st
     history, turns, won, done = [], [], False, False
     while not done:
         action = rng.choice([a for a in adm if a != "help"]) if len(turns) < detour else env.unwrapped.expert_action()
-        msg = render_alfworld_message(task=task_text, current_observation=obs, admissible_actions=adm,
+        msg = render_turn_message(ALFWORLD_PROMPT, task=task_text, current_observation=obs, admissible_actions=adm,
                                       history=history, history_length=ROLLOUT.history_length, use_think=False)
         resp = tuple(tok.encode(action_choice(action), add_special_tokens=False)) + (tok.eos_token_id,)
         nxt, reward, won, truncated, info = env.step(action)

@@ -90,7 +90,7 @@ CASES = [
          files={"env.yaml": "run:\n  name: ${AGENTRL_TEST_UNSET_VAR}\n"}),
     Case("unknown-env-name",
          ("validate-config", "--config", SMOKE, "--set", "env.name=minecraft"),
-         ("env.name='minecraft' is invalid", "'alfworld' or 'webshop'")),
+         ("env.name='minecraft' is not a registered environment", "alfworld", "webshop", "env.plugin")),
     Case("replay-both-modes",
          ("env", "replay", "--env", "alfworld", "--data-path", ".", "--transcripts", "a", "--record", "b"),
          ("exactly one of", "--transcripts FILE", "--record FILE")),

@@ -92,15 +92,18 @@ def test_base_inheritance_merges_sections(tmp_path):
         load_config(tmp_path / "c.yaml")
 
 
-def test_distilling_methods_need_an_env_with_a_state_tracker(monkeypatch):
-    import deploy.config
+def test_matchers_that_need_a_state_tracker_are_refused_for_an_env_without_one(monkeypatch):
+    from envs.webshop.plugin import WebShopPlugin
 
     sets = ["method.name=smrc_sd", "learner.sd.coef=0.1"]
     webshop = load_config(ROOT / "deploy/configs/smoke_cpu_webshop.yaml", sets)
     assert webshop.method.name == "smrc_sd" and webshop.env.name == "webshop"
-    monkeypatch.setattr(deploy.config, "TRACKERS", {"alfworld": deploy.config.TRACKERS["alfworld"]})
-    with pytest.raises(ConfigError, match="env.name='webshop' has no state tracker"):
+    monkeypatch.setattr(WebShopPlugin, "tracker", lambda self: None)  # an env that provides no tracker
+    with pytest.raises(ConfigError, match="method.matcher='structured' .* env.name='webshop' has no state tracker "
+                                          ".* set method.matcher to history or observation"):
         load_config(ROOT / "deploy/configs/smoke_cpu_webshop.yaml", sets)
+    generic = load_config(ROOT / "deploy/configs/smoke_cpu_webshop.yaml", [*sets, "method.matcher=history"])
+    assert generic.method.matcher == "history"
 
 
 def test_env_references_expand_everywhere_and_an_unset_one_names_variable_and_key():

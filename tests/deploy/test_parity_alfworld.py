@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli import app
-from deploy.parity.alfworld import game_folders, record, replay
+from envs.alfworld.parity import game_folders, record, replay
 from envs.household.difficulty import TASK_TYPES
 
 pytestmark = pytest.mark.slow

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli import app
-from deploy.parity.webshop import check_rewards, record, replay
 from envs.config import EnvConfig
 from envs.webshop.catalogue import build_catalogue, read_raw
 from envs.webshop.env import WebShopEnv
 from envs.webshop.generate import generate_catalogue
+from envs.webshop.parity import check_rewards, record, replay
 from envs.webshop.reward import get_reward
 
 

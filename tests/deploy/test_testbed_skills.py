@@ -11,14 +11,7 @@ import pytest
 from deploy.config import TrainConfig
 from deploy.laptop.sft import expert_episodes
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
-from deploy.testbed.ground_truth import (
-    helpful_skill,
-    household_goal,
-    irrelevant_skill,
-    likely_places,
-    mentions,
-    webshop_goal,
-)
+from deploy.testbed.ground_truth import helpful_skill, irrelevant_skill
 from deploy.testbed.skill_abilities import (
     held_out_proposer_prompts,
     measure_skill_gain,
@@ -34,10 +27,12 @@ from deploy.testbed.skill_data import (
     skill_message,
     skill_turns,
 )
+from envs.alfworld.ground_truth import household_goal, likely_places, mentions
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.registry import make_env
 from envs.tasks import eval_tasks, sample_tasks
+from envs.webshop.ground_truth import webshop_goal
 from rollout_workers.loop import run_episodes
 from rollout_workers.prompts import SKILL_INTRO
 from rollout_workers.proposer import PREFILL, parse_proposal

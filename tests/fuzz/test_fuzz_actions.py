@@ -17,13 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from envs.config import EnvConfig
-from envs.registry import make_env
+from envs.registry import make_env, registered_names
 from envs.webshop.actions import SEARCH_PLACEHOLDER, admissible_commands, available_actions
 from envs.webshop.catalogue import build_catalogue
 from envs.webshop.env import WebShopEnv
 from envs.webshop.generate import generate_raw
-from rollout_workers.env_profiles import PROFILES, rollout_profile
-from rollout_workers.parsing import ACTION_CLOSE, ACTION_OPEN, InvalidReason, webshop_search_queries
+from envs.webshop.prompts import webshop_search_queries
+from rollout_workers.env_profiles import rollout_profile
+from rollout_workers.parsing import ACTION_CLOSE, ACTION_OPEN, InvalidReason
 
 FUZZ = fuzz_settings(300)
 ENV_FUZZ = fuzz_settings(120)
@@ -46,7 +47,7 @@ MODEL_OUTPUT = st.one_of(
 
 
 @FUZZ
-@given(output=MODEL_OUTPUT, require_think=st.booleans(), env=st.sampled_from(sorted(PROFILES)))
+@given(output=MODEL_OUTPUT, require_think=st.booleans(), env=st.sampled_from(registered_names()))
 def test_any_output_projects_to_an_action_or_a_reason(fuzz_cases, output, require_think, env):
     fuzz_cases(CLASS)
     profile = rollout_profile(env)

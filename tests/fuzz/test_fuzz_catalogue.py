@@ -18,7 +18,6 @@ from fuzzing import fuzz_settings, json_junk, replay_mutated
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deploy.parity.webshop import check_rewards, record, replay
 from envs.config import EnvConfig
 from envs.webshop.catalogue import (
     ATTRIBUTE_FILES,
@@ -30,6 +29,7 @@ from envs.webshop.catalogue import (
 )
 from envs.webshop.env import WebShopEnv
 from envs.webshop.generate import generate_raw
+from envs.webshop.parity import check_rewards, record, replay
 
 FUZZ = fuzz_settings(150)
 CLASS = "webshop catalogue"

@@ -1,5 +1,5 @@
 """ALFWorld game folders (envs.household.gamefile: game.tw-pddl + traj_data.json) and recorded
-parity transcripts (deploy.parity.alfworld.read_transcripts).
+parity transcripts (envs.alfworld.parity.read_transcripts).
 
 Property: a mutated or garbage game folder either loads and plays (engine construction, intro,
 admissible commands, a few steps) or fails with `GameFileError` naming the problem; a mutated
@@ -19,7 +19,7 @@ from fuzzing import fuzz_settings, json_junk, replay_mutated
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deploy.parity.alfworld import read_transcripts, record, replay
+from envs.alfworld.parity import read_transcripts, record, replay
 from envs.household.gamefile import GameFileError, load_game
 from envs.household.gamefile_engine import GameFileEngine
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
-from rollout_workers.prompts import ALFWORLD_TEMPLATE, ALFWORLD_TEMPLATE_NO_HIS
+from envs.alfworld.prompts import ALFWORLD_TEMPLATE, ALFWORLD_TEMPLATE_NO_HIS
 
 TINY = TinyModelConfig(
     vocab_size=400,

@@ -8,12 +8,12 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from envs.alfworld import tracker as alfworld_tracker
 from envs.types import TaskSpec
+from envs.webshop.prompts import format_observation
 from rollout_workers.episode import Episode
-from rollout_workers.prompts_webshop import format_observation
 from rollout_workers.proposer import group_members
 from rollout_workers.types import Trajectory, Turn
-from routing import alfworld_tracker
 
 GOAL = "put a clean mug in cabinet."
 RESET = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "

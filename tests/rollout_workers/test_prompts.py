@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-from rollout_workers.prompts import (
-    format_action_history,
-    render_alfworld_message,
-    render_prompt_ids,
-    task_description,
-)
+from envs.alfworld.prompts import ALFWORLD_PROMPT, task_description
+from rollout_workers.prompts import format_action_history, render_prompt_ids, render_turn_message
+
+render_alfworld_message = functools.partial(render_turn_message, ALFWORLD_PROMPT)
 
 RESET_OBS = (
     "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "

@@ -3,15 +3,20 @@ verl-agent's templates when there is no skill."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
+from envs.alfworld.prompts import ALFWORLD_PROMPT
 from rollout_workers.prompts import (
     SKILL_INTRO,
     quote_skill,
-    render_alfworld_message,
     render_prompt_ids,
     render_skill_block,
+    render_turn_message,
 )
+
+render_alfworld_message = functools.partial(render_turn_message, ALFWORLD_PROMPT)
 
 RESET_OBS = (
     "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "

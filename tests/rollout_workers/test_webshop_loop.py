@@ -8,13 +8,12 @@ import pytest
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.tasks import eval_tasks
+from envs.webshop.prompts import format_observation, webshop_search_queries
 from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.hf_engine import HFEngine
 from rollout_workers.env_profiles import rollout_profile
 from rollout_workers.loop import run_episodes
-from rollout_workers.parsing import webshop_search_queries
 from rollout_workers.prompts import render_skill_block
-from rollout_workers.prompts_webshop import format_observation
 from rollout_workers.types import Generation
 
 ENV = EnvConfig(name="webshop", webshop_num_products=20)

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envs.webshop.prompts import webshop_search_queries
 from rollout_workers.env_profiles import rollout_profile
-from rollout_workers.parsing import action_choice, webshop_search_queries
+from rollout_workers.parsing import action_choice
 
 WEBSHOP, ALFWORLD = rollout_profile("webshop"), rollout_profile("alfworld")
 
@@ -33,7 +34,7 @@ def test_webshop_actions_are_lowercased_like_upstream():
 
 
 def test_unknown_env_is_a_caller_error():
-    with pytest.raises(ValueError, match="no rollout profile for env 'sokoban'; known envs: alfworld, webshop"):
+    with pytest.raises(ValueError, match="env.name='sokoban' is not a registered environment \\(registered: alfworld, .*webshop"):
         rollout_profile("sokoban")
 
 

@@ -3,14 +3,18 @@ history, the 13,000-character fallback, the no-think variant and the skill / tea
 
 from __future__ import annotations
 
-from rollout_workers.prompts import render_skill_block
-from rollout_workers.prompts_webshop import (
+import functools
+
+from envs.webshop.prompts import (
     MAX_HISTORY_PROMPT_CHARS,
+    WEBSHOP_PROMPT,
     format_available_actions,
     format_observation,
-    render_webshop_message,
     webshop_instruction,
 )
+from rollout_workers.prompts import render_skill_block, render_turn_message
+
+render_webshop_message = functools.partial(render_turn_message, WEBSHOP_PROMPT)
 
 INSTR = (
     "i need a slim fit men's dress shirt that is machine washable with color: navy blue, and size: large, "

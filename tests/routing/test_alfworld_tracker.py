@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from routing.alfworld_tracker import AlfworldTracker, Goal, parse_goal, signatures_for_episode
+from envs.alfworld.tracker import AlfworldTracker, Goal, parse_goal, signatures_for_episode
 
 STAGE_ORDER = ["search_obj", "holding_obj", "transformed", "placed_1", "done"]
 RESET = (

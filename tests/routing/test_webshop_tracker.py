@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from routing.matching import RouteTrace, route
-from routing.webshop_tracker import (
+from envs.webshop.tracker import (
     WebShopTracker,
     goal_options,
     goal_price_limit,
     read_page,
     signatures_for_episode,
 )
+from routing.matching import RouteTrace, route
 
 INSTR = (
     "i need a slim fit men's dress shirt that is machine washable with color: navy blue, and size: large, "

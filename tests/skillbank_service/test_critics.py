@@ -54,6 +54,11 @@ def req(op="add", text="Heat the apple with the microwave before you move it to 
      "content words occur"),
     (req(text="先用微波炉加热苹果，然后放进冰箱里。"), True, False, "CJK"),
     (req(op="no_edit", text=""), True, True, ""),
+    # the environment's own vocabulary (its plugin's SkillVocabulary.instance_pattern) replaces the default
+    (req(text="Heat the apple in the microwave, then move the apple to the fridge (step 4).",
+         instance_pattern=r"\bstep \d+\b"), True, False, "instance-specific 'step 4'"),
+    (req(text="Take the apple from countertop 1 and heat it in microwave 1.", instance_pattern=r"\bstep \d+\b"),
+     True, True, ""),
 ])
 def test_rule_critic(request_, op_ok, content_ok, why):
     v = RuleCritic().judge(request_)

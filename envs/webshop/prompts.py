@@ -1,4 +1,5 @@
-"""verl-agent's WebShop prompt: observation formatting, available actions, the two templates.
+"""verl-agent's WebShop prompt pieces: observation formatting, available actions, the two templates,
+the task line and the constrained actions (instruction-derived search queries).
 
 The template text is verl-agent's, character for character (the non-breaking hyphen U+2011 in
 "e‑commerce", the trailing space after "environment. " in the first-step template only, the
@@ -16,12 +17,14 @@ What verl-agent's WebShop env manager does, reproduced here from the raw text-mo
 - the history template falls back to the first-step template when the rendered message exceeds
   13,000 characters (`MAX_HISTORY_PROMPT_CHARS`), as upstream.
 
+The shared renderer (`rollout_workers.prompts.render_turn_message`) renders the pieces.
+
 Departure (as for ALFWorld): `use_think=False` swaps the two closing instructions for one asking
 only for the action tag (the tiny model).
 
 Extensions (absent upstream; with none of them given the message is byte-identical to
 verl-agent's):
-- `skill_text` (UniSkill): `rollout_workers.prompts.render_skill_block` placed right before the
+- `skill_text` (UniSkill): the skill block placed right before the
   "Your admissible actions ..." line, after the task, history and current observation;
 - `teacher_context` (SMRC-SD): inserted verbatim on its own line(s) right before the current
   observation line. The 13,000-character fallback is decided on the message WITHOUT the teacher
@@ -30,15 +33,10 @@ verl-agent's):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-from rollout_workers.prompts import (
-    HIS_OBS_LINE,
-    NO_HIS_OBS_LINE,
-    format_action_history,
-    render_skill_block,
-    split_template,
-)
+from envs.prompt_pieces import PromptPieces
 
 SEP = " [SEP] "
 INSTRUCTION_MARKER = "Instruction:"
@@ -66,7 +64,7 @@ WEBSHOP_TEMPLATE_NO_HIS = (
     "Your current observation is: {current_observation}.\n"
     "Your admissible actions of the current situation are: \n"
     "[\n"
-    "{available_actions}\n"
+    "{admissible_actions}\n"
     "].\n"
     "\n" + _THINK_INSTRUCTIONS
 )
@@ -79,16 +77,13 @@ WEBSHOP_TEMPLATE = (
     "You are now at step {current_step} and your current observation is: {current_observation}.\n"
     "Your admissible actions of the current situation are: \n"
     "[\n"
-    "{available_actions}\n"
+    "{admissible_actions}\n"
     "].\n"
     "\n" + _THINK_INSTRUCTIONS
 )
 
-# Each template split in three: head | current-observation line | admissible-actions line onwards
-# (teacher block before the middle part, skill block before the last). `str.format` is
-# concatenative over the parts, so head + obs + tail renders exactly as the template.
-_NO_HIS_PARTS = split_template(WEBSHOP_TEMPLATE_NO_HIS, NO_HIS_OBS_LINE)
-_HIS_PARTS = split_template(WEBSHOP_TEMPLATE, HIS_OBS_LINE)
+SKILL_SETTING = "a shopping task on the WebShop website (text-based)"
+"""How the UniSkill proposer prompt describes the environment."""
 
 
 def webshop_instruction(reset_observation: str) -> str:
@@ -122,51 +117,52 @@ def format_available_actions(actions: Sequence[str]) -> str:
     return "\n".join(f"'{a}'," for a in actions)
 
 
-def render_webshop_message(
-    *,
-    task: str,
-    current_observation: str,
-    admissible_actions: Sequence[str],
-    history: Sequence[tuple[str, str]],
-    history_length: int,
-    use_think: bool,
-    skill_text: str | None = None,
-    teacher_context: str | None = None,
-) -> str:
-    """The user message for one WebShop turn.
+WEBSHOP_PROMPT = PromptPieces(
+    first_template=WEBSHOP_TEMPLATE_NO_HIS, history_template=WEBSHOP_TEMPLATE, think_instructions=_THINK_INSTRUCTIONS,
+    action_only_instructions=_ACTION_ONLY_INSTRUCTIONS, format_observation=format_observation,
+    format_actions=format_available_actions, max_history_chars=MAX_HISTORY_PROMPT_CHARS)
 
-    `current_observation` and the observations in `history` (pairs of the observation shown
-    before step k's action and that action) are RAW env observations; they are formatted here
-    with `format_observation(obs, task)`. The history template is used from step 2 on when
-    `history_length` > 0, unless the message would exceed 13,000 characters (then the first-step
-    template, as upstream).
+
+# ---- constrained decoding ------------------------------------------------------------------------
+_PRICE_CLAUSE = re.compile(r",?\s*and price lower than [\d.,]+ dollars\.?\s*$")
+_OPTIONS_CLAUSE = re.compile(r"\s+with\s+[^,:]+:\s.*$")
+_REQUEST_PREFIX = re.compile(
+    r"^(?:i am looking for|i'm looking for|i am searching for|looking for|i would like|i'd like|"
+    r"i need|i want|find me|get me|buy me|show me|search for)\s+"
+)
+_ARTICLES = frozenset({"a", "an", "the", "some"})
+
+
+def webshop_search_queries(instruction: str) -> list[str]:
+    """Search queries derived from a WebShop instruction, most specific last (deduplicated):
+
+    1. keywords: the product phrase without the request prefix ("i need", "i am looking for", ...)
+       and without articles;
+    2. the product phrase: the instruction without its "with k: v, and k2: v2" options clause
+       and its ", and price lower than P dollars" clause;
+    3. the whole instruction.
+
+    All lowercased (the projection lowercases actions anyway), brackets removed (they would end
+    the `search[...]` argument), whitespace collapsed. [] for an empty instruction.
     """
-    skill = render_skill_block(skill_text)
-    block = teacher_context or ""
-    if block and not block.endswith("\n"):
-        block += "\n"
-    fields: dict[str, object] = {
-        "task_description": task,
-        "current_observation": format_observation(current_observation, task),
-        "available_actions": format_available_actions(admissible_actions),
-    }
-    parts = _NO_HIS_PARTS
-    if history and history_length > 0:
-        formatted = [(format_observation(o, task), a) for o, a in history]
-        action_history, shown = format_action_history(formatted, history_length)
-        his_fields = {
-            **fields,
-            "step_count": len(history),
-            "history_length": shown,
-            "action_history": action_history,
-            "current_step": len(history) + 1,
-        }
-        if len(_render(_HIS_PARTS, his_fields, "", skill)) <= MAX_HISTORY_PROMPT_CHARS:
-            parts, fields = _HIS_PARTS, his_fields
-    text = _render(parts, fields, block, skill)
-    return text if use_think else text.replace(_THINK_INSTRUCTIONS, _ACTION_ONLY_INSTRUCTIONS)
+    full = " ".join(instruction.lower().replace("[", " ").replace("]", " ").split())
+    phrase = _OPTIONS_CLAUSE.sub("", _PRICE_CLAUSE.sub("", full)).strip(" ,.")
+    words = [w for w in _REQUEST_PREFIX.sub("", phrase).split() if w not in _ARTICLES]
+    return list(dict.fromkeys(q for q in (" ".join(words), phrase, full) if q))
 
 
-def _render(parts: tuple[str, str, str], fields: dict[str, object], block: str, skill: str) -> str:
-    head, obs, tail = parts
-    return head.format(**fields) + block + obs.format(**fields) + skill + tail.format(**fields)
+def constrained_actions(admissible: Sequence[str], instruction: str) -> list[str]:
+    """The actions constrained decoding allows: every `click[...]`; in place of the free-text
+    "search[<your query>]" (offered when the page has a search bar), one `search[q]` per query of
+    `webshop_search_queries(instruction)`. Free text cannot be constrained here because both
+    engines constrain to a finite choice list (the HF engine's token trie; vLLM's `choice`
+    structured output, whose allowed ids are replayed from the same trie), so WebShop searches
+    are limited to those instruction-derived queries.
+    """
+    out: list[str] = []
+    for a in admissible:
+        if a == SEARCH_PLACEHOLDER:
+            out += [f"search[{q}]" for q in webshop_search_queries(instruction)]
+        else:
+            out.append(a)
+    return list(dict.fromkeys(out))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from routing.types import StateSignature
+from envs.types import StateSignature
 
 ENV_NAME = "alfworld"
 Stage = Literal["search_obj", "holding_obj", "transformed", "placed_1", "done"]

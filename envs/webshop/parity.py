@@ -27,8 +27,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from deploy.parity.report import Mismatch, ReplayReport
 from envs.config import EnvConfig
+from envs.parity import Mismatch, ReplayReport
 from envs.webshop.catalogue import Catalogue, CatalogueError, build_catalogue, read_raw
 from envs.webshop.env import WebShopEnv
 from envs.webshop.reward import get_reward
@@ -37,6 +37,9 @@ from envs.webshop.session import parse_action
 _REPLAY_MAX_STEPS = 1_000_000
 REWARD_TOLERANCE = 1e-6
 
+
+ACCEPTS_ENV_KWARGS = True
+"""Whether `record` takes upstream options (`--env-kwargs`)."""
 
 def _read_jsonl(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
     rows = []

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from routing.types import StateSignature
+from envs.types import StateSignature
 
 ENV_NAME = "webshop"
 SEP = " [SEP] "

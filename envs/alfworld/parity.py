@@ -25,13 +25,16 @@ from typing import Any
 
 import gymnasium
 
-from deploy.parity.report import Mismatch, ReplayReport
 from envs.config import EnvConfig
+from envs.parity import Mismatch, ReplayReport
 from envs.registry import make_env
 
 COMPARED = ("observation", "admissible_commands", "done", "won")
 _GAME_FILE = "game.tw-pddl"
 
+
+ACCEPTS_ENV_KWARGS = False
+"""Whether `record` takes upstream options (`--env-kwargs`)."""
 
 def _open(backend: str, data_path: Path, max_steps: int) -> gymnasium.Env:
     if backend not in ("embedded", "alfworld"):
