@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from envs.types import EnvStep, TaskSpec
+from learner.colocation import ColocatedLearner
 from learner.worker import LearnerWorker
 from rollout_workers.worker import files_digest
 
@@ -81,7 +82,7 @@ class RemoteEnvPool:
         ]
 
 
-class LearnerActor(LearnerWorker):
+class LearnerActor(ColocatedLearner, LearnerWorker):
     """LearnerWorker plus byte-level weight export for cross-node sync."""
 
     def export_weight_files(self) -> tuple[dict[str, bytes], str]:

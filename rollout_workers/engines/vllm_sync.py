@@ -33,6 +33,7 @@ import torch
 
 from weightsync.adapter import write_adapter_dir
 from weightsync.group import GroupSpec, WeightGroup
+from weightsync.ipc import open_handover
 from weightsync.protocol import receive_weights, release_cached_memory
 
 WORKER_EXTENSION = "rollout_workers.engines.vllm_sync.WeightSyncExtension"
@@ -158,6 +159,33 @@ class WeightSyncExtension:
             repack_lm_head(self)
         except Exception:
             self._weight_sync_recover(group)
+            raise
+        finally:
+            release_cached_memory()
+        return count
+
+    def weight_handover_receive(self, handovers: list) -> int:
+        """Colocated placement: load handovers[this worker's rank] (the learner rank on this
+        worker's device exported it, `weightsync.ipc`) through the same in-place reload as a
+        broadcast; returns the number of tensors loaded."""
+        handover = handovers[int(getattr(self, "rank", 0))]
+        count = 0
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for bucket in open_handover(handover):
+                for name, tensor in bucket:
+                    count += 1
+                    yield name, tensor.clone()  # the layerwise reload may hold it past this bucket
+
+        try:
+            self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
+            repack_lm_head(self)
+        except Exception as err:
+            try:
+                finish_interrupted_reload(self)
+            except Exception as again:  # noqa: BLE001 - the engine cannot serve: restart it
+                abandon_engine(f"{type(again).__name__}: {again} (after {type(err).__name__})")
             raise
         finally:
             release_cached_memory()

@@ -35,8 +35,10 @@ def test_colocated_defaults_to_the_in_place_handover_and_disaggregated_stays_as_
     (["ray.learner_gpus=0.5", "ray.rollout_gpus=0"], "both fractions of it"),
     (["ray.learner_gpus=0.7", "ray.rollout_gpus=0.5"], "sum to at most 1"),
     (["learner.lora.enabled=true"], "learner.lora.merge_on_sync=true"),
+    (["rollout.loop=async"], "set rollout.loop=lockstep"),
+    (["sync.verify=true"], "set sync.verify=false"),
 ], ids=["staleness", "learners", "learners-per-engine", "elastic", "broadcast", "whole-gpus", "one-side-gpu",
-        "oversubscribed", "lora-adapter"])
+        "oversubscribed", "lora-adapter", "async-loop", "verify"])
 def test_refused_combinations_name_the_fix(sets, fix):
     with pytest.raises(ConfigError, match=fix):
         load_config(COLOCATED, sets)
