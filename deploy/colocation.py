@@ -51,12 +51,14 @@ class DevicePhases:
         if used:
             self._metrics[f"colocate/device_used_bytes_{phase}"] = max(used)
 
-    def _workers(self, what: str, call) -> list:
-        start = time.perf_counter()
+    def _workers(self, what: str, call, *, timed: bool = True) -> list:
+        """`call` on every worker; with `timed` each returns its own seconds (the first call also
+        waits for the engines to finish starting up, which is not sleeping or waking)."""
         self.calls.append(f"engines.{what}")
         n = len(self.cluster.workers)
         out = self.cluster._on_workers([(w, call) for w in range(n)], what=what)
-        self._add(f"colocate/{what.split('_')[0].rstrip('12')}_s", time.perf_counter() - start)
+        if timed:
+            self._add(f"colocate/{what.split('_')[0].rstrip('12')}_s", max(out, default=0.0))
         return out
 
     def generate(self) -> None:
@@ -89,7 +91,7 @@ class DevicePhases:
         tp = cfg.engine.tensor_parallel_size
         cluster.policy_version, cluster.weights_digest = version, None  # a worker restarted meanwhile loads these
         self._workers("receive_handover",
-                      lambda h: h.receive_handover.remote(version, handovers[_index(cluster, h) * tp:][:tp]))
+                      lambda h: h.receive_handover.remote(version, handovers[_index(cluster, h) * tp:][:tp]), timed=False)
         self.calls.append("learners.release_handover")
         cluster._on_learners(lambda lw: lw.release_handover.remote(), what="handover release")
         self._add("colocate/handover_s", time.perf_counter() - start)

@@ -10,6 +10,7 @@ of reaching an engine whose memory the learner holds.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -39,22 +40,26 @@ class ColocatedWorker:
                                    "released): the learner holds the device; the driver must wake the engine first")
             yield
 
-    def sleep(self, level: int) -> None:
+    def sleep(self, level: int) -> float:
         """Release the device to the learner: level 1 keeps the weights (in host memory), level 2
-        discards them (a handover replaces them next). Waits for generating calls to finish."""
+        discards them (a handover replaces them next). Waits for generating calls to finish;
+        returns the seconds the engine took."""
         with self._guarded(f"sleep{level}", update=True):
+            start = time.perf_counter()
             if not self._asleep:
                 self._engine.sleep(level)
                 self._asleep = frozenset(ENGINE_TAGS)
+            return time.perf_counter() - start
 
-    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
-        """Take the device back for `tags` (None: everything); returns whether fully awake."""
+    def wake_up(self, tags: Sequence[str] | None = None) -> float:
+        """Take the device back for `tags` (None: everything); returns the seconds it took."""
         wanted = frozenset(ENGINE_TAGS if tags is None else tags) & self._asleep
         with self._guarded("wake_" + "+".join(sorted(wanted)) if wanted else "wake", update=True):
+            start = time.perf_counter()
             if wanted:
                 self._engine.wake_up(sorted(wanted))
                 self._asleep = self._asleep - wanted
-        return not self._asleep
+            return time.perf_counter() - start
 
     def asleep(self) -> list[str]:
         return sorted(self._asleep)
