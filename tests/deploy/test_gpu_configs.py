@@ -54,7 +54,10 @@ def test_every_gpu_config_validates_on_real_data(name, data_env):
     assert cfg.engine.engine == "vllm" and cfg.learner.dtype == "bfloat16"
     # the learner memory settings: checkpointing everywhere, token-budget micro-batches, broadcast sync
     assert cfg.learner.gradient_checkpointing and cfg.learner.max_tokens_per_micro_batch is not None
-    assert cfg.sync.method == "broadcast" and cfg.run.keep_checkpoints is not None
+    assert cfg.sync.method == ("handover" if r.placement == "colocated" else "broadcast")
+    assert cfg.run.keep_checkpoints is not None
+    if r.placement == "colocated":  # one engine rank and one learner rank on each of the 8 GPUs
+        assert r.num_learners == cfg.rollout.num_workers * cfg.engine.tensor_parallel_size == 8
     if cfg.model.path == "Qwen/Qwen2.5-7B-Instruct":
         # ZeRO-2 leaves no room for activations at 7B (comment in the config); the reference sharded too
         assert cfg.learner.zero_stage == 3 and cfg.learner.ref_placement == "shard"
