@@ -1,5 +1,5 @@
 """End to end on local Ray (rollout engine, DeepSpeed learner, env actors): with
-`rollout.max_staleness=1` the smoke configs of GRPO, SMRC-SD and UniSkill train with step k+1's
+`rollout.max_staleness=1` the smoke configs of GRPO and of UniSkill with SMRC-SD train with step k+1's
 rollout in flight while step k trains (docs/pipeline.md): staleness 1 on a prefetched step, never
 above 1, nothing prefetched across a checkpoint, evaluation and checkpoint at the end, and a run
 resumed from a mid-run checkpoint replays the same task stream and samples as the uninterrupted one.
@@ -69,21 +69,22 @@ def test_grpo_one_step_off_then_resume(model, tmp_path):
         [[u["response_ids"] for u in t["turns"]] for t in before]
 
 
-@pytest.mark.parametrize("config", ["smoke_cpu_smrc_sd", "smoke_cpu_uniskill"])
-def test_methods_one_step_off_with_the_async_agent_loop(config, warm_model, tmp_path):
+def test_methods_one_step_off_with_the_async_agent_loop(warm_model, tmp_path):
     """Both asynchronous modes at once: one-step-off training and per-episode coroutines on vLLM's
-    async engine (`rollout.loop=async`, docs/pipeline.md)."""
+    async engine (`rollout.loop=async`, docs/pipeline.md), for both methods in one run (UniSkill
+    with SMRC-SD routing, smoke_cpu_uniskill_smrc_sd.yaml)."""
     run = tmp_path / "run"
-    _train(CONFIGS / f"{config}.yaml", warm_model, run, "rollout.loop=async")
+    _train(CONFIGS / "smoke_cpu_uniskill_smrc_sd.yaml", warm_model, run, "rollout.loop=async")
     resolved = json.loads((run / "config.resolved.json").read_text())
     assert resolved["rollout"]["loop"] == "async" and resolved["engine"]["engine"] == "vllm"
+    assert resolved["method"]["name"] == "smrc_sd" and resolved["uniskill"]["enabled"]
     steps = _metrics(run)
     assert [s["step"] for s in steps] == [1, 2]
     assert [s["async/staleness_max"] for s in steps] == [0, 1]
     assert steps[-1]["policy_version"] == 2
     assert list((run / "eval").glob("step_0002*.json")) and (run / "checkpoints" / "step_000002").is_dir()
-    if config == "smoke_cpu_smrc_sd":  # batch 2 is routed when it arrives, against the success buffer
-        assert all("route/teacher_rows" in s for s in steps) and any(s["route/teacher_rows"] > 0 for s in steps)
-    else:  # proposals on both steps; step 2's retrieval ran before step 1's commit
-        assert all(s["uniskill/proposals"] > 0 for s in steps)
-        assert [s["uniskill/bank_commit_seen"] for s in steps] == [0, 0]
+    # SMRC-SD: batch 2 is routed when it arrives, against the success buffer
+    assert all("route/teacher_rows" in s for s in steps) and any(s["route/teacher_rows"] > 0 for s in steps)
+    # UniSkill: proposals on both steps; step 2's retrieval ran before step 1's commit
+    assert all(s["uniskill/proposals"] > 0 for s in steps)
+    assert [s["uniskill/bank_commit_seen"] for s in steps] == [0, 0]
