@@ -21,7 +21,6 @@ from learner.config import LearnerConfig
 from learner.worker import LearnerWorker
 from rollout_workers.colocation import ColocatedRolloutWorker, EngineAsleep
 from rollout_workers.config import EngineConfig, RolloutConfig
-
 from tests.deploy.test_placement import COLOCATED, SMOKE
 
 
