@@ -63,7 +63,7 @@ class ScienceWorldPlugin(EnvPlugin):
     def task_list(self, cfg: EnvConfig, split: Split) -> list[TaskSpec]:
         opts = ScienceWorldOptions.model_validate(cfg.options)
         names = opts.task_names or tuple(simulator.task_names())
-        titles, by_task = simulator.task_titles(), simulator.variations(split)
+        titles, by_task = simulator.task_titles(), simulator.variations(split, opts.task_names)
         pairs = [(name, v) for name in names for v in by_task[name]]
         return [TaskSpec(env=self.name, task_id=f"{name}/{v}", task_type=name, split=split,
                          instruction=titles[name], seed=i) for i, (name, v) in enumerate(pairs)]
