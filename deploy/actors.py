@@ -5,7 +5,8 @@
   call come back as done with `env_error` set, and the actor is restarted by Ray
   (`max_restarts=-1`) for the next reset.
 - `LearnerActor` adds `export_weight_files`: the exported HF directory as bytes, so weights travel
-  through the Ray object store to each engine's node (no shared filesystem needed). Ranks are not
+  through the Ray object store to each engine's node (no shared filesystem needed); and
+  `train_stored`: the step's rows built on the rank from trajectories it fetches itself. Ranks are not
   restarted by Ray: a group that lost a rank is replaced as a whole (`deploy.topology`).
 """
 
@@ -15,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from deploy.step_rows import StepRows
 from envs.types import EnvStep, TaskSpec
 from learner.colocation import ColocatedLearner
 from learner.worker import LearnerWorker
@@ -82,6 +84,37 @@ class RemoteEnvPool:
         ]
 
 
+class InProcessEnvPool:
+    """An EnvPool built inside the process that uses it, on first use (a pickled copy carries only
+    the config): a rollout worker with its environments in-process and no EnvPool actor (the
+    simulated cluster, bench/sim_cluster.py). It dies with its worker."""
+
+    handle = None  # no actor of its own (`deploy.elastic.kill_unit` skips it)
+
+    def __init__(self, cfg, num_envs: int, env_factory=None) -> None:
+        self.cfg, self.n, self.env_factory, self._pool = cfg, num_envs, env_factory, None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pool": None}
+
+    def _local(self):
+        if self._pool is None:
+            from envs.pool import EnvPool
+
+            extra = {} if self.env_factory is None else {"env_factory": self.env_factory}
+            self._pool = EnvPool(self.cfg, self.n, **extra)
+        return self._pool
+
+    def num_envs(self) -> int:
+        return self.n
+
+    def reset(self, slots: list[int], tasks: list[TaskSpec]) -> list[EnvStep]:
+        return self._local().reset(slots, tasks)
+
+    def step(self, slots: list[int], actions: list[str]) -> list[EnvStep]:
+        return self._local().step(slots, actions)
+
+
 class LearnerActor(ColocatedLearner, LearnerWorker):
     """LearnerWorker plus byte-level weight export for cross-node sync."""
 
@@ -94,3 +127,11 @@ class LearnerActor(ColocatedLearner, LearnerWorker):
             self.export_sync(tmp)  # the HF directory, or with LoRA the adapter directory alone
             files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
         return files, files_digest(files)
+
+    def train_stored(self, step: StepRows, proposals=(), align=(), *, proposer_warmup: bool = False):
+        """`train_step` on the rows this rank builds from the step's trajectories, fetched from the
+        object store (`deploy.step_rows`); rank 0 also archives them when the step asks."""
+        trajectories = step.trajectories()
+        if self.rank == 0:
+            step.write_archive(trajectories)
+        return self.train_step(step.rows(trajectories), proposals, align, proposer_warmup=proposer_warmup)

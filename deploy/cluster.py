@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.colocation import DevicePhases
 from deploy.config import TrainConfig
+from deploy.dispatch import DynamicCollect, DynamicPending, PendingCalls, WorkerJob, merge_stats
 from deploy.elastic import actor_node, kill_unit, reassign_lost, worker_lost
 from deploy.recovery import (
     CallTimeout,
@@ -30,6 +31,7 @@ from deploy.recovery import (
     is_actor_death,
     wait_alive,
 )
+from deploy.step_rows import StepRows
 from deploy.weight_sync import (
     PROBE_TEXT,
     PROBE_TOKENS,
@@ -52,32 +54,6 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 30.0
 """How long a learner rank may take to answer a liveness probe after a failed call."""
 
-WorkerJob = tuple[int, Callable[[Any], Any]]
-"""(rollout worker index, submit(handle) -> ObjectRef)."""
-
-
-def merge_stats(stats: Sequence[RolloutStats], wall_s: float) -> RolloutStats:
-    return RolloutStats(
-        num_episodes=sum(s.num_episodes for s in stats),
-        num_turns=sum(s.num_turns for s in stats),
-        num_generated_tokens=sum(s.num_generated_tokens for s in stats),
-        num_prompt_tokens=sum(s.num_prompt_tokens for s in stats),
-        generate_s=sum(s.generate_s for s in stats),
-        env_s=sum(s.env_s for s in stats),
-        total_s=wall_s,
-    )
-
-
-@dataclass
-class PendingCalls:
-    """Worker calls in flight: the jobs (to re-run a dead worker's), their refs, and what they are."""
-
-    jobs: list[WorkerJob]
-    refs: list[Any]
-    what: str
-    start: float = field(default_factory=time.perf_counter)
-    handles: list[Any] = field(default_factory=list)
-    """The worker each job runs on (fixed at submission: indices shift when workers are removed)."""
 
 
 @dataclass
@@ -100,6 +76,7 @@ class Cluster:
     store), bytes (when it did not) and group_rebuilds; probe_max_dlogp and probe_mean_dlogp (with
     sync.verify)."""
     _broadcast: BroadcastSync | None = None
+    _dispatch: DynamicCollect | None = None
 
     def __post_init__(self) -> None:
         self.phases = DevicePhases(self)
@@ -159,7 +136,14 @@ class Cluster:
         self, tasks: Sequence[TaskSpec], *, group_size: int, policy_version: int, temperature: float,
         skill_texts: Mapping[str, str | None] | None = None,
     ) -> PendingCalls:
-        """Put `collect`'s calls in the workers' queues and return at once (`deploy.pipeline`)."""
+        """Put `collect`'s calls in the workers' queues and return at once (`deploy.pipeline`);
+        with rollout.assignment=dynamic the workers take groups from a queue instead (`deploy.dispatch`)."""
+        if self.cfg.rollout.assignment == "dynamic":
+            self._dispatch = self._dispatch or DynamicCollect(self)
+            pending = self._dispatch.submit(tasks, group_size=group_size, policy_version=policy_version,
+                                            temperature=temperature, skill_texts=skill_texts)
+            self._submitted("collect")
+            return pending
         per_call = max(1, self._episodes_per_worker() // group_size)
 
         def job(chunk: list[TaskSpec]) -> Callable[[Any], Any]:
@@ -173,17 +157,21 @@ class Cluster:
             jobs += [(w, job(share[i : i + per_call])) for i in range(0, len(share), per_call)]
         return self._submit_jobs(jobs, what="collect")
 
-    def wait_collect(self, pending: PendingCalls) -> tuple[list[Trajectory], RolloutStats]:
+    def wait_collect(self, pending: PendingCalls | DynamicPending) -> tuple[list[Trajectory], RolloutStats]:
         """The trajectories and merged stats of a `submit_collect` (wall time from submission)."""
+        if isinstance(pending, DynamicPending):
+            return self._dispatch.wait(pending)
         results = self._finish_jobs(pending)
         trajectories = [t for trajs, _ in results for t in trajs]
         return trajectories, merge_stats([s for _, s in results], time.perf_counter() - pending.start)
 
-    def wait_finished(self, pending: PendingCalls) -> None:
+    def wait_finished(self, pending: PendingCalls | DynamicPending) -> None:
         """Block until every call of `pending` has finished (or failed), without fetching results;
         bounded by ray.call_timeout_s (a later `wait_collect` reports a call still unanswered)."""
         import ray
 
+        if isinstance(pending, DynamicPending):
+            return self._dispatch.wait_finished(pending)
         ray.wait(list(pending.refs), num_returns=len(pending.refs), timeout=self._timeout_s, fetch_local=False)
 
     def generate_proposals(self, requests: Sequence[ProposalRequest]) -> list[list[Generation]]:
@@ -218,9 +206,9 @@ class Cluster:
         while todo:
             died: dict[int, tuple[BaseException, int]] = {}
             failed: list[int] = []
-            for j, (value, err) in zip(todo, gather(refs, timeout_s=self._timeout_s, what=f"rollout {what}")):
+            for j, ref, (value, err) in zip(todo, refs, gather(refs, timeout_s=self._timeout_s, what=f"rollout {what}")):
                 if err is None:
-                    results[j] = value
+                    results[j], pending.stored[j] = value, ref
                     continue
                 failed.append(j)
                 w = self._worker_index(handles[j])
@@ -356,15 +344,21 @@ class Cluster:
                 dead.append(rank)
         return dead
 
-    def train(self, rows: Sequence, proposals: Sequence = (), align: Sequence = (), *,
+    def train(self, rows: StepRows | Sequence, proposals: Sequence = (), align: Sequence = (), *,
               proposer_warmup: bool = False):
         """One learner update. Every rank gets ALL rows (advantages need whole groups; each rank
         trains on its strided share) and all UniSkill proposal rows / R_align requests (whitened
-        over the global batch); returns rank 0's StepMetrics."""
+        over the global batch); returns rank 0's StepMetrics. `StepRows`: each rank fetches the
+        step's trajectories from the object store and builds the rows itself (`deploy.step_rows`)."""
         import ray
 
-        refs = [ray.put(list(x)) for x in (rows, proposals, align)]
-        return self._on_learners(lambda lw: lw.train_step.remote(*refs, proposer_warmup=proposer_warmup),
+        refs = [ray.put(list(x)) for x in (proposals, align)]
+        if isinstance(rows, StepRows):
+            step = ray.put(rows)
+            return self._on_learners(lambda lw: lw.train_stored.remote(step, *refs, proposer_warmup=proposer_warmup),
+                                     what="train")[0]
+        rows_ref = ray.put(list(rows))
+        return self._on_learners(lambda lw: lw.train_step.remote(rows_ref, *refs, proposer_warmup=proposer_warmup),
                                  what="train")[0]
 
     def _export(self) -> tuple[Any, str]:

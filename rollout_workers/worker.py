@@ -31,6 +31,7 @@ from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.base import derive_seed
 from rollout_workers.engines.registry import make_async_engine, make_engine
 from rollout_workers.loop import EnvPoolClient, run_episodes
+from rollout_workers.task_source import TaskSource
 from rollout_workers.types import Generation, RolloutStats, Trajectory
 from weightsync.adapter import AdapterSpec, is_adapter_files
 from weightsync.group import GroupSpec
@@ -115,6 +116,33 @@ class RolloutWorker:
                     cfg=self._cfg, temperature=temperature, seed=seed, skill_texts=skill_texts))
             return run_episodes(self._engine, self._pools, tasks, group_size=group_size, policy_version=version,
                                 cfg=self._cfg, temperature=temperature, seed=seed, skill_texts=skill_texts)
+
+    def collect_units(
+        self,
+        source: TaskSource,
+        *,
+        group_size: int,
+        policy_version: int,
+        temperature: float | None = None,
+        skill_texts: Mapping[str, str | None] | None = None,
+    ) -> tuple[dict[int, list[Trajectory]], RolloutStats]:
+        """`rollout.assignment: dynamic`: play task groups taken from `source` until it has none
+        left, as many at once as the env slots hold (`agent_loop.run_units_async`), reporting each
+        through `source.finish`. Returns the played groups by unit index, and the stats. Each unit
+        carries its seed, so its episodes are the same on any worker (at the same policy version)."""
+        if self._loop is None:
+            raise ValueError("dynamic episode assignment plays episodes as coroutines: set rollout.loop=async")
+        with self._pools_lock, self._guarded("collect"):
+            version = self._version
+            if policy_version != version:
+                log.info("collect for policy_version=%d runs on the engine's version %d and is stamped %d",
+                         policy_version, version, version)
+            from rollout_workers.agent_loop import run_units_async
+
+            return self._loop.run(run_units_async(
+                self._engine.async_engine, self._pools, source, group_size=group_size, policy_version=version,
+                cfg=self._cfg, temperature=self._cfg.temperature if temperature is None else temperature,
+                skill_texts=skill_texts))
 
     def generate_proposals(
         self,

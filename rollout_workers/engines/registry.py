@@ -21,7 +21,13 @@ def _hf(cfg: EngineConfig, model_path: str, seed: int) -> Engine:
     return HFEngine(model_path, cfg)
 
 
-ENGINES: dict[str, Callable[[EngineConfig, str, int], Engine]] = {"vllm": _vllm, "hf": _hf}
+def _simulated(cfg: EngineConfig, model_path: str, seed: int) -> Engine:
+    from rollout_workers.engines.simulated import SimulatedEngine
+
+    return SimulatedEngine(cfg, seed=seed)
+
+
+ENGINES: dict[str, Callable[[EngineConfig, str, int], Engine]] = {"vllm": _vllm, "hf": _hf, "simulated": _simulated}
 
 
 def make_engine(cfg: EngineConfig, model_path: str, *, seed: int = 0) -> Engine:
@@ -36,6 +42,10 @@ def make_async_engine(cfg: EngineConfig, model_path: str, *, seed: int = 0):
         from rollout_workers.engines.vllm_async import VLLMAsyncEngine
 
         return VLLMAsyncEngine(model_path, cfg, seed=seed)
+    if cfg.engine == "simulated":
+        from rollout_workers.engines.simulated import SimulatedAsyncEngine
+
+        return SimulatedAsyncEngine(cfg, seed=seed)
     from rollout_workers.engines.async_batch import BatchingAsyncEngine
     from rollout_workers.engines.hf_engine import HFEngine
 

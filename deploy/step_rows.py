@@ -1,0 +1,66 @@
+"""A step's training data by reference: the learner ranks fetch the step's trajectories from the
+Ray object store themselves and build the rows there (`StepRows.rows`), so the driver never
+builds, pickles or ships a training row (docs/architecture.md "Who holds which bytes").
+
+The driver decides on what it has: which episodes are learnt from (`played`: the infrastructure-
+failure split), the SMRC-SD teacher prompts (built by its router, keyed by (traj_id, turn)) and
+the discount; the refs are those the rollout workers' results already live under (the collect
+calls' return values, `unpack`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from learner.batch import rows_from_trajectories
+from learner.types import TrainRow
+from rollout_workers.task_source import in_task_order
+from rollout_workers.types import TokenIds, Trajectory, as_token_ids
+
+
+def unpack(values: Sequence[Any]) -> list[Trajectory]:
+    """The step's trajectories in step order from its stored results: a static collect's calls
+    return (trajectories, stats), in order; a dynamic collect's return ({unit index: group}, stats),
+    in any order (`deploy.dispatch`)."""
+    if values and isinstance(values[0][0], dict):
+        return in_task_order({i: g for groups, _ in values for i, g in groups.items()})
+    return [t for trajectories, _ in values for t in trajectories]
+
+
+@dataclass(frozen=True)
+class StepRows:
+    refs: tuple[Any, ...]
+    """Object refs of the step's results, in the step's trajectory order."""
+    played: frozenset[str]
+    """traj_ids to learn from (infrastructure failures are left out)."""
+    teacher_prompts: Mapping[tuple[str, int], TokenIds] = field(default_factory=dict)
+    gamma: float = 1.0
+    archive: str | None = None
+    """When set, rank 0 writes every trajectory of the step there as JSONL (`run.save_trajectories`)."""
+
+    @classmethod
+    def of(cls, refs: Sequence[Any], played: Sequence[Trajectory], teacher_prompts: Mapping[tuple[str, int], Any]
+           | None, *, gamma: float, archive: str | Path | None = None) -> StepRows:
+        prompts = {k: as_token_ids(v) for k, v in (teacher_prompts or {}).items()}
+        return cls(tuple(refs), frozenset(t.traj_id for t in played), prompts, gamma,
+                   None if archive is None else str(archive))
+
+    def trajectories(self) -> list[Trajectory]:
+        """Every trajectory of the step (fetched from the object store)."""
+        import ray
+
+        return unpack(ray.get(list(self.refs)))
+
+    def rows(self, trajectories: Sequence[Trajectory]) -> list[TrainRow]:
+        """The training rows of the played episodes (`learner.batch.rows_from_trajectories`)."""
+        played = [t for t in trajectories if t.traj_id in self.played]
+        return rows_from_trajectories(played, self.teacher_prompts or None, gamma=self.gamma)
+
+    def write_archive(self, trajectories: Sequence[Trajectory]) -> None:
+        if self.archive is not None:
+            path = Path(self.archive)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(t.model_dump_json() + "\n" for t in trajectories))
