@@ -40,7 +40,15 @@ time budget skips what would start too late. In order:
    1 (`HFEngine.generate_seeded`, bf16 weights, KV cache) and the learner scores the same tokens
    (`LearnerWorker.score`, fp32 weights under bf16 autocast): the teacher-forced log-prob gap as
    `learner.mismatch` computes it (mean / max |diff|, Pearson, k3 KL).
-7. `learner_train_1.7b_deepspeed`: 3's checkpointed step with `DeepSpeedBackend` (ZeRO-2, bf16) when
+7. `colocate_release_1.7b`: colocated placement's two phases on one device (bench/gpu_colocate.py):
+   an engine-sized allocation (`HFEngine` with the bf16 weights + a 16 GiB KV-sized buffer) beside
+   the learner kept from 3; the learner's state offloaded (`learner.offload.LearnerOffload`), then
+   the engine released (`HFEngine.sleep`) and the learner reloaded: device memory in each state
+   and the seconds of each move.
+8. `colocate_handover_1.7b`: the in-place handover of the 1.7B bf16 weights by CUDA IPC handles
+   (`ColocatedLearner.export_handover`, `weightsync.ipc`) into `HFEngine.receive_handover` in a
+   second process on the same GPU, then `release_handover`; checksums equal to the learner's.
+9. `learner_train_1.7b_deepspeed`: 3's checkpointed step with `DeepSpeedBackend` (ZeRO-2, bf16) when
    deepspeed imports, else "skipped: deepspeed missing".
 """
 
@@ -71,6 +79,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "bench")) if p not in sys.path]
 
+import gpu_colocate
 from gpu_model import EOS_ID, QWEN3_1P7B, QWEN25_7B, TINY_1P7B, TINY_7B, Shape, hf_model, write_model_dir
 from gpu_sync import EngineJob, IpcSender, checksums, result, shareable_cuda_memory, start_engine_process
 
@@ -102,14 +111,16 @@ class Workload:
     gen_prompts: int
     gen_prompt_len: int
     gen_tokens: int
+    kv_bytes: int  # the KV-cache-sized buffer of colocate_release
     deadline_scale: float  # 0: a tiny run skips for time only when the budget has run out
 
 
 GPU = Workload(QWEN3_1P7B, QWEN25_7B, rows=16, prompt=2048, response=512, budget_ckpt=32_768, budget_full=10_240,
                steps=2, row_7b=6656, bucket_mb=256, chunk=1024, gen_prompts=8, gen_prompt_len=512, gen_tokens=256,
-               deadline_scale=1.0)
+               kv_bytes=16 * 1024**3, deadline_scale=1.0)
 TINY = Workload(TINY_1P7B, TINY_7B, rows=4, prompt=48, response=16, budget_ckpt=128, budget_full=64, steps=1,
-                row_7b=96, bucket_mb=1, chunk=16, gen_prompts=2, gen_prompt_len=16, gen_tokens=8, deadline_scale=0.0)
+                row_7b=96, bucket_mb=1, chunk=16, gen_prompts=2, gen_prompt_len=16, gen_tokens=8,
+               kv_bytes=1 << 20, deadline_scale=0.0)
 
 
 class Meter:
@@ -434,6 +445,25 @@ def measurements(ctx: Session, store_dir: Path) -> list[Measurement]:
                     lambda: engine_vs_learner(ctx), needs_s=30),
     ]
 
+    out += [
+        Measurement("colocate_release_1.7b", ("learner.offload.LearnerOffload.offload",
+                                              "learner.offload.LearnerOffload.reload",
+                                              "rollout_workers.engines.hf_engine.HFEngine.sleep",
+                                              "rollout_workers.engines.hf_engine.HFEngine.wake_up"),
+                    {"shape": w.small.name, "kv_gib": w.kv_bytes / GIB, "engine": "HFEngine bf16",
+                     "learner": "TorchBackend fp32 weights + AdamW state + bf16 reference"},
+                    lambda: gpu_colocate.release(ctx.learner(), str(ctx.model_dir), ctx.device, kv_bytes=w.kv_bytes),
+                    needs_s=60),
+        Measurement("colocate_handover_1.7b", ("learner.colocation.ColocatedLearner.export_handover",
+                                               "learner.colocation.ColocatedLearner.release_handover",
+                                               "weightsync.ipc.open_handover",
+                                               "rollout_workers.engines.hf_engine.HFEngine.receive_handover"),
+                    {"shape": w.small.name, "bucket_mb": w.bucket_mb, "wire_dtype": "bfloat16",
+                     "processes": "learner here, engine in a second process on the same device"},
+                    lambda: gpu_colocate.handover(ctx.learner(), str(ctx.model_dir), ctx.device,
+                                                  bucket_mb=w.bucket_mb), needs_s=120),
+    ]
+
     def deepspeed_step() -> dict:
         ctx.worker = None  # the torch learner's memory goes first
         return learner_train(ctx, checkpointing=True, deepspeed=True)
@@ -458,6 +488,7 @@ def _table(results: list[dict]) -> str:
     head = f"{'measurement':<30} {'status':<8} {'peak GiB':>9} {'tokens/s':>10} {'seconds':>8}  notes"
     lines = [head, "-" * len(head)]
     notes = ("gb_per_s", "extra_gib", "max_abs_diff", "checksums_equal", "logp_max_abs_diff_after",
+             "engine_released_gib", "learner_offloaded_gib",
              "mismatch/logp_abs_diff_mean", "mismatch/logp_abs_diff_max")
     for r in results:
         secs = r.get("step_s", r.get("seconds", r.get("send_receive_s", r.get("score_s"))))

@@ -15,10 +15,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["logprobs_full", "logprobs_chunked", "fwd_bwd_7b_full", "fwd_bwd_7b_ckpt", "learner_train_1.7b_full",
          "learner_train_1.7b_ckpt", "weightsync_send_1.7b", "weightsync_ipc_1.7b", "engine_vs_learner_bf16",
-         "learner_train_1.7b_deepspeed"]
+         "colocate_release_1.7b", "colocate_handover_1.7b", "learner_train_1.7b_deepspeed"]
 ABSENT_ON_DEVICE = ("deepspeed", "vllm", "ray", "redis", "gymnasium", "spacy")
+# None in sys.modules: `import deepspeed` raises ImportError and importlib.util.find_spec returns None,
+# as for an absent package (transformers probes deepspeed with find_spec when accelerate is installed)
 BLOCKER = f"""
 import sys
+sys.modules.update(dict.fromkeys({ABSENT_ON_DEVICE!r}))
 class _Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {ABSENT_ON_DEVICE!r}:
@@ -80,6 +83,12 @@ def test_tiny_run_exercises_the_projects_code_without_the_modules_the_device_lac
     assert ipc["transport"] == "shared memory" and ipc["bytes"] == send["bytes"]
     assert ipc["tensors_loaded"] == ipc["tensors"] > 0 and ipc["checksums_equal"] is True
     assert ipc["logp_max_abs_diff_after"] < 0.05 < ipc["logp_max_abs_diff_before"]
+
+    release, handover = by_name["colocate_release_1.7b"], by_name["colocate_handover_1.7b"]
+    assert set(release["allocated_gib"]) == {"both_resident", "generate_phase", "train_phase"}  # 0 on CPU: no device
+    assert min(release[k] for k in ("offload_s", "reload_s", "sleep_s", "wake_weights_s")) >= 0
+    assert handover["transport"] == "shared memory" and handover["bytes"] == send["bytes"]
+    assert handover["tensors_loaded"] == handover["tensors"] > 0 and handover["checksums_equal"] is True
 
     gap = by_name["engine_vs_learner_bf16"]
     assert gap["tokens"] > 0 and 0 <= gap["mismatch/logp_abs_diff_mean"] <= gap["mismatch/logp_abs_diff_max"] < 0.1
