@@ -58,7 +58,7 @@ def test_every_gpu_config_validates_on_real_data(name, data_env):
     assert cfg.run.keep_checkpoints is not None
     if r.placement == "colocated":  # one engine rank and one learner rank on each of the 8 GPUs
         assert r.num_learners == cfg.rollout.num_workers * cfg.engine.tensor_parallel_size == 8
-    if cfg.model.path == "Qwen/Qwen2.5-7B-Instruct":
+    if cfg.model.path == "Qwen/Qwen2.5-7B-Instruct" and not cfg.learner.lora.enabled:
         # ZeRO-2 leaves no room for activations at 7B (comment in the config); the reference sharded too
         assert cfg.learner.zero_stage == 3 and cfg.learner.ref_placement == "shard"
     if cfg.uniskill.enabled and cfg.model.path == "Qwen/Qwen2.5-7B-Instruct":
@@ -108,3 +108,18 @@ def test_every_config_named_in_the_paper_grid_exists():
     assert _named_configs("`a_{x,y}_b.yaml` and `c.yaml`") == {"a_x_b.yaml", "a_y_b.yaml", "c.yaml"}
     missing = sorted(n for n in named if "*" not in n and not (CONFIGS / n).is_file())
     assert not missing, f"docs/paper_grid.md names configs that do not exist: {missing}"
+
+
+def test_lora_gpu_configs_fit_two_gpus(data_env):
+    """The LoRA rows (UniSkill 7B, SMRC-SD 7B): one learner GPU and one engine GPU, the engine
+    serving adapters of the learner's rank, and the same method as their full-weight rows."""
+    lora = {"alfworld_uniskill_7b_lora_gpu.yaml": "alfworld_uniskill_7b_gpu.yaml",
+            "alfworld_smrc_sd_7b_lora_gpu.yaml": "alfworld_smrc_sd_gpu.yaml"}
+    assert set(lora) <= set(GPU_CONFIGS)
+    for name, full_name in lora.items():
+        cfg, full = load_config(CONFIGS / name), load_config(CONFIGS / full_name)
+        r = cfg.ray
+        assert r.num_learners * r.learner_gpus + cfg.rollout.num_workers * r.rollout_gpus == 2
+        assert cfg.learner.lora.enabled and not cfg.learner.lora.merge_on_sync
+        assert cfg.engine.lora_rank == cfg.learner.lora.rank and cfg.model.path == "Qwen/Qwen2.5-7B-Instruct"
+        assert (cfg.method, cfg.uniskill.enabled, cfg.learner.sd) == (full.method, full.uniskill.enabled, full.learner.sd)
