@@ -20,12 +20,23 @@ learner rank raises LearnerGroupFailed (`deploy.cluster`).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from deploy.cluster import Cluster
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol
 
 Holder = Literal["engines", "learner"]
+
+
+class Cluster(Protocol):
+    """What the phases use of `deploy.cluster.Cluster` (which owns a `DevicePhases`)."""
+
+    cfg: Any
+    workers: list
+    policy_version: int
+    weights_digest: str | None
+
+    def _on_learners(self, submit: Callable[[Any], Any], *, what: str) -> list: ...
+
+    def _on_workers(self, jobs: Sequence[tuple[int, Callable[[Any], Any]]], *, what: str) -> list: ...
 
 
 class DevicePhases:

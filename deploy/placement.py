@@ -13,10 +13,10 @@ device, so nothing may overlap them: no rollout in flight while the learner trai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from deploy.config import TrainConfig
+TrainConfig = Any
+"""deploy.config.TrainConfig (not imported: deploy.config imports these rules)."""
 
 
 def derive_sync_method(data: dict[str, Any]) -> dict[str, Any]:
