@@ -21,7 +21,13 @@ from typing import Any, Protocol
 import torch
 
 from learner.config import LearnerConfig
-from learner.lora import apply_lora, is_adapter_param, is_lora_model, load_adapter_state
+from learner.lora import (
+    adapter_module_states_only,
+    apply_lora,
+    is_adapter_param,
+    is_lora_model,
+    load_adapter_state,
+)
 
 
 class TrainBackend(Protocol):
@@ -389,6 +395,8 @@ class DeepSpeedBackend:
             config=self.ds_config,
         )
         self.module = self._engine.module
+        if cfg.lora.enabled:
+            adapter_module_states_only(self._engine)
         self._engine.train()
 
     def forward_module(self) -> torch.nn.Module:

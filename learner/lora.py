@@ -78,6 +78,15 @@ def load_adapter_state(module: torch.nn.Module, state: dict[str, torch.Tensor], 
                          f"missing adapter tensors {absent[:3]}): resume with the learner.lora it was saved with")
 
 
+def adapter_module_states_only(engine: Any) -> None:
+    """A LoRA DeepSpeed engine's checkpoints keep the adapter's module states only. DeepSpeed's
+    exclude_frozen_parameters drops frozen parameters by their `named_parameters` names, which skip
+    a tied lm_head: the embedding would be saved again under the head's name."""
+    states = engine.module_state_dict
+    engine.module_state_dict = lambda *args, **kw: {k: v for k, v in states(*args, **kw).items()
+                                                    if is_adapter_param(k)}
+
+
 def adapter_stream(model: torch.nn.Module, *, gather: Gather | None = None, dtype: torch.dtype | None = None
                    ) -> tuple[list[TensorMeta], Iterator[tuple[str, torch.Tensor]]]:
     """The adapter tensors of the peft `model` under peft's state-dict names."""

@@ -57,6 +57,11 @@ def test_smoke_lora_trains_syncs_adapters_and_survives_a_worker_restart(run, mod
     assert (ckpt / "hf" / "config.json").is_file()  # lora.export_merged: the merged model beside it
     learner = sum(f.stat().st_size for f in (ckpt / "learner").rglob("*") if f.is_file())
     assert learner < weights  # adapter + optimizer state, no frozen base
+    import torch
+
+    [states] = (ckpt / "learner").rglob("*model_states.pt")  # ZeRO-1: the module's tensors
+    module = torch.load(states, map_location="cpu", weights_only=False)["module"]
+    assert module and all(".lora_A." in k or ".lora_B." in k for k in module)  # not even the tied head
     assert list((run / "eval").glob("*.json"))
 
 

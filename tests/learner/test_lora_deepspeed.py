@@ -80,9 +80,7 @@ def test_zero3_lora_checkpoint_resumes_bit_identically(tiny_model_dir, make_rows
     w.export_adapter(str(tmp_path / "want"))
     [states] = (tmp_path / "ckpt").rglob("*model_states.pt")
     module = torch.load(states, map_location="cpu", weights_only=False)["module"] or {}
-    frozen = [k for k in module if ".lora_A." not in k and ".lora_B." not in k]
-    assert frozen == ["base_model.model.lm_head.weight"], frozen  # no frozen base weight in a checkpoint: only
-    assert module[frozen[0]].numel() == 0  # the tied head's name, which named_parameters skips (a ZeRO-3 stub)
+    assert module and all(".lora_A." in k or ".lora_B." in k for k in module)  # no base weight, tied head included
 
     again = LearnerWorker(cfg(zero_stage=3, micro_batch_rows=4), str(tiny_model_dir), master_port=free_port())
     assert again.load_checkpoint(str(tmp_path / "ckpt")) == 1
