@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.colocation import DevicePhases
 from deploy.config_loading import load_config
 from deploy.metrics import MetricsSink
 from deploy.pipeline import (
@@ -101,6 +102,8 @@ class FakeCluster:
 def _trainer(tmp_path, *sets: str) -> tuple[Trainer, FakeCluster]:
     cfg = load_config(ROOT / "deploy" / "configs" / "smoke_cpu.yaml", [f"run.output_dir={tmp_path}", *sets])
     cluster = FakeCluster()
+    cluster.cfg = cfg
+    cluster.phases = DevicePhases(cluster)  # disaggregated: every phase call is a no-op
     return Trainer(cfg, cluster, MetricsSink(tmp_path, loggers=()), TrainerState()), cluster
 
 
