@@ -8,7 +8,10 @@ them and answer with empty metrics). Weight sync is not part of the data path an
 
 Per size (a fresh driver process each, so its peak RSS is that size's) it reports the driver's
 CPU seconds (process time: every thread of the driver, Ray's own included) and wall seconds of
-one step (the second, after a warm-up step), and the driver's peak RSS.
+one step (the second, after a warm-up step), and the driver's peak RSS. The last line gives the
+CPU seconds: the driver's own work. The wall seconds also hold the workers' and learners' own
+serialisation, which on one small machine compete with the driver (and with anything else running)
+for the same cores; on a cluster they run on their own nodes.
 
     .venv/bin/python bench/driver_scale.py                            # 128, 512, 1024 episodes
     .venv/bin/python bench/driver_scale.py --episodes 128,256 --out /tmp/x.json
@@ -282,8 +285,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     by = {r["episodes"]: r for r in results}
     first, last = by.get(128, results[0]), by.get(1024, results[-1])
-    print(f"driver per step: {first['episodes']} ep {first['driver_wall_s']:.2f} s {first['driver_peak_rss_gb']:.1f} GB; "
-          f"{last['episodes']} ep {last['driver_wall_s']:.2f} s {last['driver_peak_rss_gb']:.1f} GB")
+    print(f"driver per step: {first['episodes']} ep {first['driver_cpu_s']:.2f} s {first['driver_peak_rss_gb']:.1f} GB; "
+          f"{last['episodes']} ep {last['driver_cpu_s']:.2f} s {last['driver_peak_rss_gb']:.1f} GB")
 
 
 if __name__ == "__main__":
