@@ -180,8 +180,8 @@ def test_escaped_surrogate_pairs_join_and_a_lone_surrogate_names_the_key(tmp_pat
 def test_broadcast_sync_refuses_shared_gpus_and_names_the_alternative(key):
     # NCCL refuses two ranks of one group on one GPU: fractional GPUs cannot broadcast
     escaped = re.escape(f"{key}=0.5")
-    with pytest.raises(ConfigError, match=rf"sync\.method=broadcast.*{escaped} shares GPUs; colocated "
-                                          r"placement is not available yet; use sync\.method=object_store"):
+    with pytest.raises(ConfigError, match=rf"sync\.method=broadcast.*{escaped} shares GPUs; set ray\.placement="
+                                          r"colocated \(in-place handover\) or sync\.method=object_store"):
         load_config(None, [f"{key}=0.5", "sync.method=broadcast"])
     assert load_config(None, [f"{key}=0.5", "sync.method=object_store"]).sync.method == "object_store"
     assert load_config(None, [f"{key}=1", "sync.method=broadcast"]).sync.method == "broadcast"
