@@ -32,9 +32,6 @@ from weightsync.protocol import TensorMeta, dtype_of, plan_buckets
 
 SHM_PREFIX = "agentrl-handover-"
 """Name prefix of the shared-memory segments (under /dev/shm while a handover is in flight)."""
-_OWNED: set[str] = set()
-"""Segments this process created: its resource tracker unlinks them should the process die
-mid-handover; a receiver in another process must not take them over (`_opened`)."""
 DEVICE_ARG = 6
 """Index of the device ordinal in `reduce_tensor`'s argument tuple for a CUDA tensor."""
 
@@ -144,7 +141,6 @@ class HandoverExporter:
         from multiprocessing import shared_memory
 
         shm = shared_memory.SharedMemory(name=f"{SHM_PREFIX}{uuid.uuid4().hex}", create=True, size=max(size, 1))
-        _OWNED.add(shm.name)
         return torch.frombuffer(shm.buf, dtype=torch.uint8, count=max(size, 1)), shm.name, shm
 
     def _handle(self, ref: Any, size: int, group: list[TensorMeta]) -> BucketHandle:
@@ -160,7 +156,6 @@ class HandoverExporter:
             if self.transport == "shm":
                 owner.close()
                 owner.unlink()
-                _OWNED.discard(owner.name)
             del owner
         if count and self.transport == "cuda":
             torch.cuda.ipc_collect()  # the engine's references to the handles are gone: reclaim them
@@ -193,17 +188,24 @@ def _opened(handle: BucketHandle) -> Iterator[torch.Tensor]:
             del buffer
             torch.cuda.synchronize()
         return
-    from multiprocessing import resource_tracker, shared_memory
+    import _posixshmem  # what multiprocessing.shared_memory opens segments with
+    import mmap
+    import os
 
-    shm = shared_memory.SharedMemory(name=handle.ref)
-    if handle.ref not in _OWNED:  # the exporter owns the segment: this process's tracker must not unlink it
-        resource_tracker.unregister(shm._name, "shared_memory")
-    buffer = torch.frombuffer(shm.buf, dtype=torch.uint8, count=max(handle.nbytes, 1))
+    # Mapped directly, not through SharedMemory: that would register the segment with this
+    # process's resource tracker, which a multiprocessing child shares with its parent (the
+    # exporter), and unregistering it there would cancel the exporter's own clean-up at exit.
+    fd = _posixshmem.shm_open("/" + handle.ref, os.O_RDWR, mode=0o600)
+    try:
+        mapping = mmap.mmap(fd, max(handle.nbytes, 1))
+    finally:
+        os.close(fd)
+    buffer = torch.frombuffer(mapping, dtype=torch.uint8, count=max(handle.nbytes, 1))
     try:
         yield buffer
     finally:
         del buffer
-        shm.close()
+        mapping.close()
 
 
 def open_handover(handover: Handover) -> Iterator[list[tuple[str, torch.Tensor]]]:
