@@ -48,7 +48,10 @@ time budget skips what would start too late. In order:
 8. `colocate_handover_1.7b`: the in-place handover of the 1.7B bf16 weights by CUDA IPC handles
    (`ColocatedLearner.export_handover`, `weightsync.ipc`) into `HFEngine.receive_handover` in a
    second process on the same GPU, then `release_handover`; checksums equal to the learner's.
-9. `learner_train_1.7b_deepspeed`: 3's checkpointed step with `DeepSpeedBackend` (ZeRO-2, bf16) when
+9. `learner_train_1.7b_lora`: 3's checkpointed step with LoRA adapters (rank 64 on every projection,
+   `learner.lora`; the KL reference is the base with the adapters disabled, no copy) when peft
+   imports, else "skipped: peft missing": the learner's device memory against 3's.
+10. `learner_train_1.7b_deepspeed`: 3's checkpointed step with `DeepSpeedBackend` (ZeRO-2, bf16) when
    deepspeed imports, else "skipped: deepspeed missing".
 """
 
@@ -113,6 +116,7 @@ class Workload:
     gen_tokens: int
     kv_bytes: int  # the KV-cache-sized buffer of colocate_release
     deadline_scale: float  # 0: a tiny run skips for time only when the budget has run out
+    lora_rank: int = 64  # learner_train_1.7b_lora's adapters (the LoRA GPU configs' rank)
 
 
 GPU = Workload(QWEN3_1P7B, QWEN25_7B, rows=16, prompt=2048, response=512, budget_ckpt=32_768, budget_full=10_240,
@@ -120,7 +124,7 @@ GPU = Workload(QWEN3_1P7B, QWEN25_7B, rows=16, prompt=2048, response=512, budget
                kv_bytes=16 * 1024**3, deadline_scale=1.0)
 TINY = Workload(TINY_1P7B, TINY_7B, rows=4, prompt=48, response=16, budget_ckpt=128, budget_full=64, steps=1,
                 row_7b=96, bucket_mb=1, chunk=16, gen_prompts=2, gen_prompt_len=16, gen_tokens=8,
-               kv_bytes=1 << 20, deadline_scale=0.0)
+               kv_bytes=1 << 20, deadline_scale=0.0, lora_rank=4)
 
 
 class Meter:
@@ -189,10 +193,12 @@ def train_rows(vocab: int, *, rows: int, prompt: int, response: int, seed: int) 
                      episode_score=float(i % 2), action_valid=True) for i in range(rows)]
 
 
-def learner_config(*, checkpointing: bool, budget: int, deepspeed: bool, rows: int) -> LearnerConfig:
+def learner_config(*, checkpointing: bool, budget: int, deepspeed: bool, rows: int, lora_rank: int = 0) -> LearnerConfig:
+    """`lora_rank` > 0: LoRA adapters of that rank (alpha 2 x rank, as the LoRA GPU configs)."""
+    lora = {"enabled": True, "rank": lora_rank, "alpha": 2.0 * lora_rank} if lora_rank else {"enabled": False}
     return LearnerConfig(use_deepspeed=deepspeed, zero_stage=2 if deepspeed else 0, dtype="bfloat16",
                          gradient_checkpointing=checkpointing, max_tokens_per_micro_batch=budget,
-                         micro_batch_rows=rows, kl_coef=0.01, lr=1e-6)
+                         micro_batch_rows=rows, kl_coef=0.01, lr=1e-6, lora=lora)
 
 
 def _free_port() -> int:
@@ -256,14 +262,15 @@ def fwd_bwd_7b(ctx: Session, *, checkpointing: bool) -> dict:
             "tokens_per_s": w.row_7b / min(times)}
 
 
-def learner_train(ctx: Session, *, checkpointing: bool, deepspeed: bool = False, keep: bool = False) -> dict:
+def learner_train(ctx: Session, *, checkpointing: bool, deepspeed: bool = False, keep: bool = False,
+                  lora: bool = False) -> dict:
     from learner.worker import LearnerWorker
 
     w, meter = ctx.work, ctx.meter
     meter.reset()
     held = meter.current_gib()
     cfg = learner_config(checkpointing=checkpointing, budget=w.budget_ckpt if checkpointing else w.budget_full,
-                         deepspeed=deepspeed, rows=w.rows)
+                         deepspeed=deepspeed, rows=w.rows, lora_rank=w.lora_rank if lora else 0)
     worker, load_s = _timed(meter, lambda: LearnerWorker(cfg, str(ctx.model_dir), master_port=_free_port()))
     rows = train_rows(w.small.vocab, rows=w.rows, prompt=w.prompt, response=w.response, seed=0)
     runs = [_timed(meter, lambda: worker.train_step(rows)) for _ in range(w.steps)]
@@ -273,7 +280,8 @@ def learner_train(ctx: Session, *, checkpointing: bool, deepspeed: bool = False,
     return {"backend": type(worker.backend).__name__, "load_s": load_s, "held_before_gib": held,
             "peak_gib": meter.peak_gib(), "step_s": min(times), "first_step_s": times[0],
             "tokens_per_s": w.rows * (w.prompt + w.response) / min(times), "loss": metrics.loss,
-            "grad_norm": metrics.grad_norm, "stages_s": metrics.seconds.model_dump()}
+            "grad_norm": metrics.grad_norm, "stages_s": metrics.seconds.model_dump(),
+            "trainable_params": sum(p.numel() for p in worker.backend.module.parameters() if p.requires_grad)}
 
 
 def weightsync_send(ctx: Session, *, store_dir: Path) -> dict:
@@ -463,6 +471,15 @@ def measurements(ctx: Session, store_dir: Path) -> list[Measurement]:
                     lambda: gpu_colocate.handover(ctx.learner(), str(ctx.model_dir), ctx.device,
                                                   bucket_mb=w.bucket_mb), needs_s=120),
     ]
+
+    def lora_step() -> dict:
+        ctx.worker = None  # the full-weight learner's memory goes first
+        return learner_train(ctx, checkpointing=True, lora=True)
+
+    out.append(Measurement("learner_train_1.7b_lora", (train, "learner.lora.apply_lora",
+                                                       "learner.lora.adapters_disabled"),
+                           {**rows, "checkpointing": True, "max_tokens_per_micro_batch": w.budget_ckpt,
+                            "lora_rank": w.lora_rank}, lora_step, needs_s=60, requires="peft"))
 
     def deepspeed_step() -> dict:
         ctx.worker = None  # the torch learner's memory goes first

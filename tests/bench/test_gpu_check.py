@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["logprobs_full", "logprobs_chunked", "fwd_bwd_7b_full", "fwd_bwd_7b_ckpt", "learner_train_1.7b_full",
          "learner_train_1.7b_ckpt", "weightsync_send_1.7b", "weightsync_ipc_1.7b", "engine_vs_learner_bf16",
-         "colocate_release_1.7b", "colocate_handover_1.7b", "learner_train_1.7b_deepspeed"]
+         "colocate_release_1.7b", "colocate_handover_1.7b", "learner_train_1.7b_lora", "learner_train_1.7b_deepspeed"]
 ABSENT_ON_DEVICE = ("deepspeed", "vllm", "ray", "redis", "gymnasium", "spacy")
 # None in sys.modules: `import deepspeed` raises ImportError and importlib.util.find_spec returns None,
 # as for an absent package (transformers probes deepspeed with find_spec when accelerate is installed)
@@ -77,6 +77,8 @@ def test_tiny_run_exercises_the_projects_code_without_the_modules_the_device_lac
         assert by_name[name]["backend"] == "TorchBackend" and by_name[name]["tokens_per_s"] > 0
         assert by_name[name]["grad_norm"] > 0
     assert by_name["learner_train_1.7b_ckpt"]["config"]["checkpointing"] is True
+    lora, full = by_name["learner_train_1.7b_lora"], by_name["learner_train_1.7b_ckpt"]
+    assert 0 < lora["trainable_params"] < full["trainable_params"] / 5 and lora["grad_norm"] > 0
 
     send, ipc = by_name["weightsync_send_1.7b"], by_name["weightsync_ipc_1.7b"]
     assert send["backend"] == "gloo" and send["world_size"] == 1 and send["bytes"] > 0
