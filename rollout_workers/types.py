@@ -78,7 +78,7 @@ class _Array(Sequence):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self._a.tobytes()))
+        return hash(tuple(self._a.tolist()))  # equal to an equal tuple's hash, as == promises
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._a.tolist()!r})"

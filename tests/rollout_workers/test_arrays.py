@@ -46,7 +46,7 @@ def test_arrays_read_like_tuples():
     assert list(ids) == [3, 1, 4, 1, 5] and tuple(ids) == (3, 1, 4, 1, 5) and (*ids, 9)[-1] == 9
     assert ids.count(1) == 2 and ids.index(4) == 2 and 4 in ids
     assert ids != (3, 1, 4) and ids != TokenIds((3, 1, 4, 1, 6)) and ids != "31415"
-    assert hash(ids) == hash(TokenIds([3, 1, 4, 1, 5]))
+    assert hash(ids) == hash(TokenIds([3, 1, 4, 1, 5])) == hash((3, 1, 4, 1, 5)) and (3, 1, 4, 1, 5) in {ids}
     assert not TokenIds(()) and bool(ids)
     with pytest.raises(ValueError, match="read-only"):
         ids.array[0] = 7
