@@ -155,7 +155,7 @@ def test_option_defaults_leave_the_config_alone(tmp_path: Path, monkeypatch):
 
     seen = []
     monkeypatch.setattr(deploy.laptop.sft, "run_sft", lambda cfg, model, out: seen.append(cfg))
-    monkeypatch.setattr(deploy.runner, "run_eval_command", lambda cfg, model: seen.append(cfg))
+    monkeypatch.setattr(deploy.runner, "run_eval_command", lambda cfg, model, adapter=None: seen.append(cfg))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
