@@ -79,9 +79,10 @@ def test_tensor_parallel_worker_sits_in_its_placement_group(monkeypatch):
         assert report["bundles"] == [{"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0}]
         assert report["own_gpus"] == []  # the GPUs are left to vLLM's per-rank workers
         assert report["executor"] == "ray"
-        monkeypatch.setattr("deploy.topology.PLACEMENT_TIMEOUT_S", 2)
-        with pytest.raises(RuntimeError, match=r"rollout worker 1: engine\.tensor_parallel_size=2 GPUs"):
-            rollout_worker_options(cfg, 1)  # no GPU left for a second engine
+        with monkeypatch.context() as short:  # only the refusal waits briefly, not the learners' rendezvous below
+            short.setattr("deploy.topology.PLACEMENT_TIMEOUT_S", 2)
+            with pytest.raises(RuntimeError, match=r"rollout worker 1: engine\.tensor_parallel_size=2 GPUs"):
+                rollout_worker_options(cfg, 1)  # no GPU left for a second engine
         ray.kill(probe)
         assert remove_rollout_placements() == 2  # both groups (the pending one too) are released
         _wait_for(lambda: ray.available_resources().get("GPU", 0.0) == 2.0)
