@@ -1,8 +1,9 @@
 """One tiny real grid through the CLI: the initial model's evaluation (a real `deploy eval`), then 1 arm x
-2 seeds x 1 GRPO step on the smoke config (each run a real `deploy train` on local Ray with DeepSpeed
-and the HF engine: this test is about the grid, not the engine), then the report, then a rerun that
-trains and evaluates nothing. Two seeds, not two arms, keep it short; paired differences between arms
-are checked on synthetic runs in test_experiment_grid.py."""
+2 seeds x 1 GRPO step on the smoke config (each run a real `deploy train` on local Ray with the torch
+learner, the HF engine and 4-step episodes: this test is about the grid, not the engine, DeepSpeed or
+the episode length), then the report, then a rerun that trains and evaluates nothing. Two seeds, not
+two arms, keep it short; paired differences between arms are checked on synthetic runs in
+test_experiment_grid.py."""
 
 import json
 import subprocess
@@ -27,6 +28,9 @@ model:
 overrides:
   run.total_steps: 1
   engine.engine: hf
+  env.max_steps: 4
+  learner.use_deepspeed: false
+  learner.zero_stage: 0
 eval:
   num_tasks: 2
   k: 2
