@@ -2,8 +2,8 @@
 nothing of the core but `envs.api`; tasks are ScienceWorld's own train/dev/test variations, actions
 its valid-action list, the score its 0-100 score (success at 100); a missing Java is one clear
 error; and ScienceWorld's gold action sequences, replayed through the wrapper, win every task
-(`python -m deploy env replay --env scienceworld --gold --tasks N`: here 10 tasks over 10 types,
-about a minute; the 30-task record is bench/scienceworld_gold.py's, docs/results.md)."""
+(`python -m deploy env replay --env scienceworld --gold --tasks N`: here 5 tasks over 5 types,
+about 15 s; the 30-task record is bench/scienceworld_gold.py's, docs/results.md)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_tasks_actions_and_score_come_from_scienceworld():
 def test_gold_replay_wins_every_task():
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     res = subprocess.run([sys.executable, "-m", "deploy", "env", "replay", "--env", "scienceworld", "--gold",
-                          "--tasks", "10"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+                          "--tasks", "5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     lines = res.stdout.strip().splitlines()
-    assert lines[-2:] == ["10 tasks over 10 task types", "scienceworld gold replay: 10/10 won"], res.stdout + res.stderr
+    assert lines[-2:] == ["5 tasks over 5 task types", "scienceworld gold replay: 5/5 won"], res.stdout + res.stderr
     assert res.returncode == 0
