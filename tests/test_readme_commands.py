@@ -5,6 +5,7 @@ The manifest and the README must list the same commands."""
 from __future__ import annotations
 
 import re
+import shlex
 
 import psutil
 import pytest
@@ -32,6 +33,28 @@ def test_readme_states_the_demo_line_in_the_printed_format():
 
 def test_no_readme_block_stops_every_ray_cluster():
     assert not [c for b in BLOCKS for c in b.commands if re.search(r"\bray stop\b", c)]
+
+
+def test_the_laptop_heads_ports_are_its_own_by_rays_port_rules():
+    """The `ray start` of README's laptop recipe, parsed by Ray's CLI and checked by Ray's own port
+    rules (the suite runs it on free ports instead): no two components share a port (a client server
+    port inside the workers' range stops the head), and none is left at a fixed default that another
+    cluster on the machine may hold (a taken dashboard agent port leaves the head unable to run jobs)."""
+    from ray._private import ray_constants
+    from ray._private.parameter import RayParams
+    from ray.scripts.scripts import start
+
+    [line] = [c for b in BLOCKS for c in b.commands if " start --head " in c]
+    opts = start.make_context("start", shlex.split(line.removesuffix("&"))[2:]).params
+    params = RayParams(gcs_server_port=opts["port"], dashboard_port=opts["dashboard_port"],
+                       ray_client_server_port=opts["ray_client_server_port"],
+                       dashboard_agent_listen_port=opts["dashboard_agent_listen_port"],
+                       min_worker_port=opts["min_worker_port"], max_worker_port=opts["max_worker_port"])
+    params.update_pre_selected_port()  # raises ValueError naming the two components
+    fixed_defaults = {ray_constants.DEFAULT_PORT, ray_constants.DEFAULT_DASHBOARD_PORT,
+                      10001,  # the client server's (ray.scripts.scripts.start)
+                      ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT}
+    assert not fixed_defaults & params.reserved_ports, sorted(fixed_defaults & params.reserved_ports)
 
 
 def _gcs_processes(port: int) -> list[psutil.Process]:

@@ -46,9 +46,10 @@ Treatment = Run | Instead
 FIRST_RUN_HEADING = "A first run"
 """The block whose run directories other tests may read (tests/readme/session.py)."""
 
-HEAD_PORTS = ("6390", "8275", "10011")
-"""The laptop head's ports in the README (GCS, dashboard, Ray client server): the test swaps each for a
-free port, everywhere in the block, so it never meets another cluster of this machine."""
+HEAD_PORTS = ("6390", "8275", "20001", "52375")
+"""The laptop head's ports in the README (GCS, dashboard, Ray client server, dashboard agent): the test
+swaps each for a free port, everywhere in the block, so it never meets another cluster of this machine
+(tests/test_readme_commands.py checks the README's own ports with Ray's port rules)."""
 
 DEMO_LINE = r"demo success rate \(valid_unseen\): \d\.\d{3} -> \d\.\d{3}"
 """The demo's last line, as README.md states it."""
@@ -130,8 +131,8 @@ MANIFEST: dict[str, Treatment] = {
         prints=(r"validate-config exit 0",)),
     # --- the laptop variant: run for real, on free ports ---
     "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled": Run(),
-    ".venv/bin/ray start --head --block --port 6390 --dashboard-port 8275 --ray-client-server-port 10011 "
-    "--node-ip-address=127.0.0.1 --dashboard-host=127.0.0.1 --num-cpus 4 &": Run(),
+    ".venv/bin/ray start --head --block --port 6390 --dashboard-port 8275 --ray-client-server-port 20001 "
+    "--dashboard-agent-listen-port 52375 --node-ip-address=127.0.0.1 --dashboard-host=127.0.0.1 --num-cpus 4 &": Run(),
     "HEAD_PID=$!": Run(),
     "until .venv/bin/ray job list --address http://127.0.0.1:8275 >/dev/null 2>&1; do sleep 2; done": Run(),
     ".venv/bin/ray job submit --address http://127.0.0.1:8275 --runtime-env deploy/runtime_env.yaml -- "

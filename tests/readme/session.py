@@ -30,7 +30,8 @@ README = ROOT / "README.md"
 _NOT_COPIED = {".git", "runs", ".cache", ".pytest_cache", ".hypothesis", "agentrl.egg-info"}
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "DS_ACCELERATOR": "cpu",
        "VLLM_TARGET_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-BLOCK_TIMEOUT_S = 1800
+BLOCK_TIMEOUT_S = 1200
+"""Under pytest's 1800 s, so that a hung block fails with what each command printed."""
 
 
 @dataclass
