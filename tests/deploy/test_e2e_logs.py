@@ -3,7 +3,8 @@
 first run).
 
 This run keeps the vLLM engine: what it checks are vLLM's own log lines. It is the smallest run that
-still syncs weights into vLLM once (one step of one task group, short episodes, no evaluation)."""
+still syncs weights into vLLM once (one step of one task group, short episodes, no evaluation),
+from the torch learner (`TORCH_LEARNER`: DeepSpeed's own lines are not what it checks)."""
 
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.shared_runs import TORCH_LEARNER
 from tests.vllm_logs import VLLM_INFO
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +28,7 @@ ONE_SYNC = ("run.total_steps=1", "eval.at_end=false", "rollout.tasks_per_step=1"
 
 def _train(model: Path, run: Path, *extra: str) -> str:
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    sets = [a for s in (f"model.path={model}", f"run.output_dir={run}", *ONE_SYNC) for a in ("--set", s)]
+    sets = [a for s in (f"model.path={model}", f"run.output_dir={run}", *ONE_SYNC, *TORCH_LEARNER) for a in ("--set", s)]
     res = subprocess.run(
         [sys.executable, "-m", "deploy", "train", "--config", str(SMOKE), *sets, *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)

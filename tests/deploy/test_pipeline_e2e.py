@@ -1,4 +1,4 @@
-"""End to end on local Ray (rollout engine, DeepSpeed learner, env actors): with
+"""End to end on local Ray (rollout engine, torch learner, env actors): with
 `rollout.max_staleness=1` the smoke configs of GRPO and of UniSkill with SMRC-SD train with step k+1's
 rollout in flight while step k trains (docs/pipeline.md): staleness 1 on a prefetched step, never
 above 1, nothing prefetched across a checkpoint, evaluation and checkpoint at the end, and a run
@@ -6,7 +6,8 @@ resumed from a mid-run checkpoint replays the same task stream and samples as th
 
 The GRPO runs use the HF engine (`engine.engine=hf`): they are about the one-step-off pipeline and
 resuming it, not the engine. The async agent loop runs on vLLM: that test is about vLLM's async
-engine."""
+engine. Every run uses the torch learner (`TORCH_LEARNER`): the pipeline is the same above either
+backend."""
 
 import json
 import os
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.deploy.shared_runs import TORCH_LEARNER
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "deploy" / "configs"
@@ -27,7 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 def _train(config: Path, model: Path, run: Path, *sets: str, resume: bool = False) -> None:
     cmd = [sys.executable, "-m", "deploy", "train", "--config", str(config), "--set", f"model.path={model}",
            "--set", f"run.output_dir={run}", "--set", "rollout.max_staleness=1",
-           *(a for s in sets for a in ("--set", s)), *(["--resume"] if resume else [])]
+           *(a for s in (*TORCH_LEARNER, *sets) for a in ("--set", s)), *(["--resume"] if resume else [])]
     res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-5000:]
 
