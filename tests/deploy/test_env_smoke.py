@@ -1,6 +1,6 @@
 """The training loop runs on every environment backend: the embedded WebShop, the real ALFWorld
 engine on generated game files, and the embedded simulator loaded from the same files. Each runs
-one GRPO step end to end on local Ray (rollout engine, DeepSpeed CPU learner, env actors) plus
+one GRPO step end to end on local Ray (rollout engine, torch learner, env actors) plus
 the evaluation, and logs the environment's metrics: exact episode counts, tasks drawn from the
 train split, the WebShop score consistent with the archived episodes' raw scores, and evaluation
 results keyed by the fixed evaluation tasks and their task types.

@@ -1,7 +1,7 @@
 """The paper-config evaluation path end to end: `env.data_path: ${ALFWORLD_DATA}` expanded from the
 environment, the embedded simulator on ALFWorld game files, evaluation on the FULL valid_seen and
 valid_unseen splits in one run (one eval JSON, TensorBoard tag set and plot line per split), and the
-W&B logger offline next to TensorBoard. One GRPO step on local Ray (DeepSpeed CPU learner).
+W&B logger offline next to TensorBoard. One GRPO step on local Ray (the torch learner).
 
 The run is `alfworld_files_run`, shared with test_env_smoke (which checks its step and evaluation
 counts), on the HF engine (`engine.engine=hf`): this test is about the evaluation and logging

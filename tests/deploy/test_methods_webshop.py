@@ -124,7 +124,7 @@ def test_smrc_routes_matched_turns_with_webshop_context(episodes):
 
 
 # --- every WebShop method smoke config trains -----------------------------
-# One training step per config on local Ray (HF engine, DeepSpeed CPU learner, env actors) with the
+# One training step per config on local Ray (HF engine, torch learner, env actors) with the
 # untrained tiny model; the HF engine because these tests are about WebShop routing and the losses, not
 # the engine (`shared_runs`), with the test-only overrides of `shared_runs.WEBSHOP_SETS`.
 
