@@ -84,7 +84,9 @@ def test_tiny_run_exercises_the_projects_code_without_the_modules_the_device_lac
     assert send["backend"] == "gloo" and send["world_size"] == 1 and send["bytes"] > 0
     assert ipc["transport"] == "shared memory" and ipc["bytes"] == send["bytes"]
     assert ipc["tensors_loaded"] == ipc["tensors"] > 0 and ipc["checksums_equal"] is True
-    assert ipc["logp_max_abs_diff_after"] < 0.05 < ipc["logp_max_abs_diff_before"]
+    # after the handover the engine scores as the learner does (bf16 rounding, about 0.001-0.002 here);
+    # the gap before it has measured 0.04-0.5 on the tiny model, so it is compared with the gap after
+    assert ipc["logp_max_abs_diff_after"] < 0.05 and ipc["logp_max_abs_diff_before"] > 10 * ipc["logp_max_abs_diff_after"]
 
     release, handover = by_name["colocate_release_1.7b"], by_name["colocate_handover_1.7b"]
     assert set(release["allocated_gib"]) == {"both_resident", "generate_phase", "train_phase"}  # 0 on CPU: no device
