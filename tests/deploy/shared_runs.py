@@ -42,10 +42,15 @@ UNISKILL_NAMESPACE = "smoke-uniskill"
 """The Ray namespace of smoke_cpu_uniskill.yaml (run.name), where a second driver finds its bank."""
 
 
+def set_flags(*sets: str) -> list[str]:
+    """`--set S` for each override, in order (a later one wins)."""
+    return [a for s in sets for a in ("--set", s)]
+
+
 def train_cmd(config: Path, *sets: str) -> list[str]:
     """`python -m deploy train --config CONFIG --set engine.engine=hf --set <torch learner> --set SET...`."""
     return [sys.executable, "-m", "deploy", "train", "--config", str(config),
-            *[a for s in (HF_ENGINE, *TORCH_LEARNER, *sets) for a in ("--set", s)]]
+            *set_flags(HF_ENGINE, *TORCH_LEARNER, *sets)]
 
 
 _HEAD_SCRIPT = """

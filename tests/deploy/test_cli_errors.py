@@ -183,13 +183,13 @@ def test_ctrl_c_during_train_says_what_was_saved_and_resumes(model, tmp_path: Pa
     `train --resume` continues from that checkpoint."""
     from deploy.config_loading import load_config
     from deploy.runner import check_run_dir
-    from tests.deploy.shared_runs import TORCH_LEARNER
+    from tests.deploy.shared_runs import TORCH_LEARNER, set_flags
 
     run = tmp_path / "run"
     args = ["train", "--config", SMOKE, "--set", f"model.path={model}", "--set", f"run.output_dir={run}",
             "--set", "run.total_steps=100000", "--set", "run.checkpoint_every=1", "--set", "eval.at_end=false",
             "--set", "engine.engine=hf",  # the interrupt is the point here; vLLM end to end is README's first run
-            *[a for s in TORCH_LEARNER for a in ("--set", s)]]
+            *set_flags(*TORCH_LEARNER)]
     # As a terminal starts a foreground command: its own process group, SIGINT at its default. A
     # background job of a script (`make test` run with `&`, `nohup ... &`) inherits SIGINT ignored,
     # and Python then never raises KeyboardInterrupt; a handled signal is reset to its default by exec.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.shared_runs import TORCH_LEARNER
+from tests.deploy.shared_runs import TORCH_LEARNER, set_flags
 from tests.vllm_logs import VLLM_INFO
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ ONE_SYNC = ("run.total_steps=1", "eval.at_end=false", "rollout.tasks_per_step=1"
 
 def _train(model: Path, run: Path, *extra: str) -> str:
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    sets = [a for s in (f"model.path={model}", f"run.output_dir={run}", *ONE_SYNC, *TORCH_LEARNER) for a in ("--set", s)]
+    sets = set_flags(f"model.path={model}", f"run.output_dir={run}", *ONE_SYNC, *TORCH_LEARNER)
     res = subprocess.run(
         [sys.executable, "-m", "deploy", "train", "--config", str(SMOKE), *sets, *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)

@@ -31,7 +31,7 @@ import pytest
 from deploy.config_loading import load_config
 from deploy.trainer import step_seed
 from envs.tasks import eval_tasks, sample_tasks
-from tests.deploy.shared_runs import TORCH_LEARNER
+from tests.deploy.shared_runs import TORCH_LEARNER, set_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "deploy" / "configs" / "smoke_cpu.yaml"
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 def _cmd(model: Path, run: Path, component: str, at_step: int, *sets: str, resume: bool = False) -> list[str]:
     sets = (f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "engine.engine=hf", *TORCH_LEARNER,
             "faults.enabled=true", f"faults.kill={component}", f"faults.at_step={at_step}", *sets)
-    return [sys.executable, "-m", "deploy", "train", "--config", str(SMOKE), *[a for s in sets for a in ("--set", s)],
+    return [sys.executable, "-m", "deploy", "train", "--config", str(SMOKE), *set_flags(*sets),
             *(["--resume"] if resume else [])]
 
 

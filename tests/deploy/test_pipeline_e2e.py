@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.shared_runs import TORCH_LEARNER
+from tests.deploy.shared_runs import TORCH_LEARNER, set_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "deploy" / "configs"
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 def _train(config: Path, model: Path, run: Path, *sets: str, resume: bool = False) -> None:
     cmd = [sys.executable, "-m", "deploy", "train", "--config", str(config), "--set", f"model.path={model}",
            "--set", f"run.output_dir={run}", "--set", "rollout.max_staleness=1",
-           *(a for s in (*TORCH_LEARNER, *sets) for a in ("--set", s)), *(["--resume"] if resume else [])]
+           *set_flags(*TORCH_LEARNER, *sets), *(["--resume"] if resume else [])]
     res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-5000:]
 
