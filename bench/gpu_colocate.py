@@ -128,7 +128,7 @@ def handover(worker, model_dir: str, device: torch.device, *, bucket_mb: int) ->
         if child.is_alive():
             child.kill()
     return {"transport": "CUDA IPC" if device.type == "cuda" else "shared memory", "bytes": sent.nbytes,
-            "buckets": len(sent.buckets), "tensors": sent.num_tensors, "tensors_loaded": got["tensors"],
+            "chunks": len(sent.chunks), "slots": sent.slots, "tensors": sent.num_tensors, "tensors_loaded": got["tensors"],
             "export_s": export_s, "receive_s": got["receive_s"], "release_s": release_s, "seconds": total_s,
             "gb_per_s": sent.nbytes / total_s / 1e9,
             "checksums_equal": got["checksums"] == checksums(worker.backend.module, torch.bfloat16)}

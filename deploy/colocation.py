@@ -8,8 +8,9 @@ placement every call is a no-op. Order (the one verl's hybrid engine and OpenRLH
     generate: learner ranks offload their state -> engines wake up (weights, KV cache)
     train:    engines sleep (level 2 when a handover will replace the weights, else level 1)
               -> learner ranks reload their state
-    handover: engines wake their weights -> every learner rank exports its buckets -> each engine
-              loads the buckets of the learner ranks on its devices -> learner ranks free them
+    handover: engines wake their weights -> every learner rank starts streaming its weights through
+              a two-slot ring -> each engine loads the chunks of the learner ranks on its devices
+              -> learner ranks free the ring
 
 Each call is idempotent on both sides, so a phase entered twice, or after a replaced learner
 group or a restarted worker, does what is still needed. Every call goes through the cluster's
@@ -98,7 +99,7 @@ class DevicePhases:
         dtype = None if cfg.engine.dtype == "auto" else cfg.engine.dtype
         self.calls.append("learners.export_handover")
         handovers = cluster._on_learners(
-            lambda lw: lw.export_handover.remote(dtype, cfg.sync.bucket_mb), what="handover export")
+            lambda lw: lw.export_handover.remote(dtype, cfg.sync.bucket_mb, cfg.sync.timeout_s), what="handover export")
         tp = cfg.engine.tensor_parallel_size
         cluster.policy_version, cluster.weights_digest = version, None  # a worker restarted meanwhile loads these
         self._workers("receive_handover",

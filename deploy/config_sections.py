@@ -264,12 +264,12 @@ class SyncConfig(Section):
     (NCCL on GPU, gloo on CPU) straight into each engine, no files, no object store; object_store:
     rank 0 exports safetensors bytes through the Ray object store and each worker reloads them
     from a temporary directory (the fallback, and how a restarted worker always catches up);
-    handover (ray.placement=colocated, its default there): each learner rank hands the buckets to
-    the engine rank on its own device in place, by CUDA IPC handles on GPU and shared memory on CPU
-    (`weightsync.ipc`), without a process group."""
+    handover (ray.placement=colocated, its default there): each learner rank streams the weights
+    to the engine rank on its own device in place, through a ring of two bucket-sized slots shared
+    by CUDA IPC on GPU and shared memory on CPU (`weightsync.ipc`), without a process group."""
     bucket_mb: float = Field(256.0, gt=0)
-    """Size of one broadcast bucket in MiB (a larger tensor travels alone); bounds the transient
-    memory on each side."""
+    """Size of one bucket in MiB (a larger tensor travels alone): of a broadcast, and of each of a
+    handover's two staging slots; bounds the transient memory on each side."""
     verify: bool = False
     """After every sync, each engine samples a fixed probe and the learner re-scores it: logged as
     sync/probe_max_dlogp and sync/probe_mean_dlogp, with a warning above `verify_tol` (a measurement,

@@ -50,9 +50,12 @@ class ColocatedLearner:
         return self._report(self._offloader().reload())
 
     @torch.no_grad()
-    def export_handover(self, wire_dtype: str | None = None, bucket_mb: float = 256.0) -> Handover:
-        """Pack the current weights (cast to `wire_dtype`) into buckets on this rank's device and
-        return their handles; the buckets stay until `release_handover`. Every rank calls it."""
+    def export_handover(self, wire_dtype: str | None = None, bucket_mb: float = 256.0,
+                        timeout_s: float = 600.0) -> Handover:
+        """Start streaming the current weights (cast to `wire_dtype`) through a ring of two
+        `bucket_mb` slots on this rank's device and return its handle; the rest of the stream runs in
+        the background as the engine frees slots, and the ring stays until `release_handover`.
+        Every rank calls it."""
         if getattr(self, "_exporter", None) is None:
             self._exporter = HandoverExporter(self.backend.device)
         lora = self.cfg.lora
@@ -61,9 +64,10 @@ class ColocatedLearner:
         what = "merged" if lora.enabled else "full"
         metas, stream = STREAMS[what](self.backend.module, gather=_zero3_gather(self.cfg),
                                       dtype=dtype_of(wire_dtype) if wire_dtype else None)
-        return self._exporter.export(metas, stream, bucket_bytes=int(bucket_mb * (1 << 20)))
+        return self._exporter.export(metas, stream, bucket_bytes=int(bucket_mb * (1 << 20)), timeout_s=timeout_s)
 
     def release_handover(self) -> int:
-        """Free the buckets of the last `export_handover` (the engine has loaded them)."""
+        """Free the ring of the last `export_handover` (the engine has loaded every chunk); raises
+        what failed the background stream, if anything did."""
         exporter = getattr(self, "_exporter", None)
         return exporter.release() if exporter is not None else 0

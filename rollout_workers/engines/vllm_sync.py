@@ -178,10 +178,12 @@ class WeightSyncExtension:
                     count += 1
                     yield name, tensor.clone()  # the layerwise reload may hold it past this bucket
 
+        chunks = stream()
         try:
-            self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
+            self.reload_weights(weights_iterator=chunks, is_checkpoint_format=True)
             repack_lm_head(self)
         except Exception as err:
+            chunks.close()  # tells the learner's side to stop now, not after its timeout
             try:
                 finish_interrupted_reload(self)
             except Exception as again:  # noqa: BLE001 - the engine cannot serve: restart it

@@ -56,6 +56,6 @@ def test_offload_and_reload_between_updates_change_nothing(tiny_model_dir, make_
 
     handover = colocated.export_handover()
     loaded = {name: t.float().clone() for bucket in open_handover(handover) for name, t in bucket}
-    assert colocated.release_handover() == len(handover.buckets)
+    assert colocated.release_handover() == 2  # the ring and its control block
     assert loaded.keys() <= b.keys() and len(loaded) == len(list(colocated.backend.module.parameters()))
     assert all(torch.equal(loaded[k], b[k]) for k in loaded)

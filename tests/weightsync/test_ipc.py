@@ -1,11 +1,13 @@
-"""The in-place handover (`weightsync.ipc`): a learner process exports buckets, an engine process
-on the same device loads them, the learner frees them after the engine answered. On CPU the
+"""The in-place handover (`weightsync.ipc`): a learner process streams the weights through a ring
+of staging slots, an engine process on the same device loads each chunk as it is filled, the
+learner frees the ring after the engine answered; either side failing stops the other. On CPU the
 transport is real shared memory between two real processes; the CUDA IPC path differs only in how
-a bucket is exported and opened, and those two steps are pinned here without a GPU (the measured
+the ring is exported and opened, and those two steps are pinned here without a GPU (the measured
 handover on one GPU is bench/gpu_check.py's)."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 from pathlib import Path
 
@@ -49,23 +51,24 @@ def _receive_in_child(handover, conn) -> None:
     conn.send((count, {n: p.detach().tolist() for n, p in model.named_parameters()}))  # plain data: no fd passing
 
 
-def test_another_process_loads_the_buckets_and_the_learner_frees_them_after_it_answered():
+def test_another_process_loads_every_chunk_through_the_ring_and_the_learner_frees_it_after():
     sender, exporter = _model(0), HandoverExporter(torch.device("cpu"))
     handover = _export(sender, exporter)
-    assert len(handover.buckets) > 1 and exporter.holding == len(handover.buckets)
-    names = {b.ref for b in handover.buckets}
-    assert names <= _segments()
+    assert len(handover.chunks) > handover.slots == ipc.SLOTS  # the ring is refilled while the engine reads
+    assert handover.slot_bytes * handover.slots < handover.nbytes  # staging smaller than the weights
+    names = {handover.ring, handover.control}
+    assert exporter.holding == 2 and names <= _segments()
     parent, child = CTX.Pipe()
     proc = CTX.Process(target=_receive_in_child, args=(handover, child))
     proc.start()
     count, received = parent.recv()
     proc.join(timeout=60)
     assert proc.exitcode == 0
-    assert count == len(list(sender.parameters()))
+    assert count == len(list(sender.parameters())) == handover.num_tensors
     for name, p in sender.named_parameters():
         assert torch.equal(torch.tensor(received[name]), p.detach())
     assert names <= _segments()  # the engine's exit did not take the learner's segments
-    assert exporter.release() == len(handover.buckets)
+    assert exporter.release() == 2
     assert not names & _segments()
 
 
@@ -73,8 +76,8 @@ def test_wire_dtype_cast_and_a_second_export_releases_the_first():
     sender, exporter = _model(0), HandoverExporter(torch.device("cpu"))
     first = _export(sender, exporter)
     second = _export(sender, exporter, dtype=torch.bfloat16, bucket_bytes=1 << 20)
-    assert not {b.ref for b in first.buckets} & _segments()
-    assert {m.dtype for b in second.buckets for m in b.tensors} == {"bfloat16"}
+    assert not {first.ring, first.control} & _segments()
+    assert {m.dtype for c in second.chunks for m in c} == {"bfloat16"} and len(second.chunks) == second.slots == 1
     receiver = _model(1)
     assert _load(receiver, second) == 5
     for (_, a), (_, b) in zip(sender.named_parameters(), receiver.named_parameters()):
@@ -91,6 +94,39 @@ def test_a_stream_that_disagrees_with_its_header_frees_what_it_packed():
     assert exporter.holding == 0 and _segments() == before
 
 
+def test_a_stream_failing_after_the_first_slots_stops_the_engine_and_the_release_reports_it():
+    model, exporter = _model(0), HandoverExporter(torch.device("cpu"))
+    named = list(model.named_parameters())
+    stream = [*named[:3], named[4], named[3]]  # the last two out of order: past the first two chunks
+    handover = exporter.export(metas_of(named), iter(stream), bucket_bytes=2048)
+    assert len(handover.chunks) > handover.slots
+    with pytest.raises(ipc.HandoverError, match="learner failed"):
+        _load(_model(1), handover)
+    with pytest.raises(ValueError, match="announced"):
+        exporter.release()
+    assert exporter.holding == 0 and not {handover.ring, handover.control} & _segments()
+
+
+def test_an_engine_that_stops_reading_releases_the_learner_at_once():
+    model, exporter = _model(0), HandoverExporter(torch.device("cpu"))
+    handover = _export(model, exporter)
+    chunks = open_handover(handover)
+    next(chunks)
+    chunks.close()  # the engine gave up after its first chunk
+    with pytest.raises(ipc.HandoverError, match="engine failed"):
+        exporter.release()
+    assert exporter.holding == 0
+
+
+def test_a_learner_that_never_fills_times_out_the_engine_with_a_clear_error():
+    exporter = HandoverExporter(torch.device("cpu"))
+    handover = _export(_model(0), exporter)
+    late = dataclasses.replace(handover, chunks=(*handover.chunks, handover.chunks[0]), timeout_s=0.2)
+    with pytest.raises(ipc.HandoverError, match="no answer from the learner in 0 s"):
+        _load(_model(1), late)
+    exporter.release()
+
+
 def test_cuda_handles_name_their_gpu_and_the_receiver_uses_its_own_ordinal_of_it():
     args = tuple(range(8))
     local = local_cuda_args(args, "GPU-b", ["GPU-a", "GPU-b"])
@@ -100,18 +136,25 @@ def test_cuda_handles_name_their_gpu_and_the_receiver_uses_its_own_ordinal_of_it
 
 
 def test_the_cuda_transport_runs_the_same_protocol(monkeypatch):
-    """The exporter on a CUDA device exports reduce_tensor handles tagged with the GPU's UUID and
-    the receiver rebuilds them; with both steps standing in (no GPU here) the bytes round-trip."""
+    """The exporter on a CUDA device exports the ring's reduce_tensor handle tagged with the GPU's
+    UUID and the receiver rebuilds it; with both steps standing in (no GPU here) the bytes
+    round-trip through the same ring and control block."""
     store: dict[int, torch.Tensor] = {}
 
     def fake_allocate(self, size):
-        buffer = torch.empty(size, dtype=torch.uint8)
-        store[id(buffer)] = buffer
-        return buffer, (id(buffer),), buffer
+        ring = torch.empty(size, dtype=torch.uint8)
+        store[id(ring)] = ring
+        self._held.append(ring)
+        return ring, (id(ring),)
+
+    class Stream:
+        def synchronize(self):
+            return None
 
     monkeypatch.setattr(HandoverExporter, "_allocate", fake_allocate)
     monkeypatch.setattr(ipc, "gpu_uuid", lambda device: "GPU-x")
-    monkeypatch.setattr(ipc, "_cuda_open", lambda handle: store[handle.ref[0]])
+    monkeypatch.setattr(ipc, "_cuda_open", lambda handover: store[handover.ring[0]])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -119,9 +162,9 @@ def test_the_cuda_transport_runs_the_same_protocol(monkeypatch):
     model = _model(0)
     named = list(model.named_parameters())
     handover = exporter.export(metas_of(named), ((n, p.data.clone()) for n, p in named), bucket_bytes=2048)
-    assert {b.transport for b in handover.buckets} == {"cuda"} and {b.device_uuid for b in handover.buckets} == {"GPU-x"}
+    assert handover.transport == "cuda" and handover.device_uuid == "GPU-x" and len(handover.chunks) > handover.slots
     receiver = _model(1)
     _load(receiver, handover)
     for (_, a), (_, b) in zip(model.named_parameters(), receiver.named_parameters()):
         assert torch.equal(a, b)
-    assert exporter.release() == len(handover.buckets) and exporter.holding == 0
+    assert exporter.release() == 2 and exporter.holding == 0
