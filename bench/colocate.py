@@ -196,7 +196,7 @@ def main() -> None:
     _env()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the smoke runs' rollout engine")
-    ap.add_argument("--repeats", type=int, default=7, help="transfers per path")
+    ap.add_argument("--repeats", type=int, default=15, help="transfers per path (alternating)")
     ap.add_argument("--bucket-mb", type=float, default=32.0, help="both paths' bucket size for the headline")
     ap.add_argument("--also-bucket-mb", type=float, nargs="*", default=[256.0, 64.0],
                     help="bucket sizes also compared (recorded, not in the last line)")

@@ -173,7 +173,7 @@ class Control:
 
 
 class HandoverExporter:
-    """The learner rank's side: `export` allocates the ring, fills the first slots and streams the
+    """The learner rank's side: `export` allocates the ring, fills the first slot and streams the
     rest from a background thread as the engine frees them; `release` (after the engine's call
     returned) waits for that thread and frees the ring."""
 
@@ -199,8 +199,9 @@ class HandoverExporter:
                bucket_bytes: int, timeout_s: float = 600.0) -> Handover:
         """Stage the stream (in the order of `metas`, each cast to its meta's dtype) chunk by chunk
         and return the handle the engine rank opens. An earlier export still held is released first.
-        A stream that disagrees with `metas` in the first slots raises here; later it fails the
-        engine's side and `release`."""
+        Only the first chunk is filled before returning (a stream that disagrees with `metas` there
+        raises here); the rest is filled in the background while the engine loads, and a failure
+        there fails the engine's side and `release`."""
         self.release()
         chunks = tuple(tuple(metas[i] for i in bucket) for bucket in plan_buckets(metas, bucket_bytes)) if metas else ()
         slot_bytes = max((sum(m.nbytes for m in c) for c in chunks), default=1)
@@ -214,12 +215,12 @@ class HandoverExporter:
                                 gpu_uuid(self.device) if self.transport == "cuda" else None)
             stream = iter(tensors)
             with torch.no_grad():
-                for i in range(slots):  # before the engine starts: a bad stream fails the export itself
-                    self._fill(ring, handover, i, stream)
+                if chunks:  # before the engine starts: a stream that is wrong from the start fails here
+                    self._fill(ring, handover, 0, stream)
         except Exception:
             self.release()
             raise
-        if len(chunks) > slots:
+        if len(chunks) > 1:
             self._thread = threading.Thread(target=self._stream, args=(ring, handover, stream),
                                             name="weight-handover", daemon=True)
             self._thread.start()
@@ -229,7 +230,7 @@ class HandoverExporter:
         assert self._control is not None
         try:
             with torch.no_grad():
-                for i in range(handover.slots, len(handover.chunks)):
+                for i in range(1, len(handover.chunks)):
                     if not self._control.wait(CONSUMED, i - handover.slots + 1, peer_failed=CONSUMER_FAILED,
                                               timeout_s=handover.timeout_s, what="engine",
                                               cancelled=self._cancelled):

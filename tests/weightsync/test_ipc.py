@@ -94,7 +94,7 @@ def test_a_stream_that_disagrees_with_its_header_frees_what_it_packed():
     assert exporter.holding == 0 and _segments() == before
 
 
-def test_a_stream_failing_after_the_first_slots_stops_the_engine_and_the_release_reports_it():
+def test_a_stream_failing_after_the_first_chunk_stops_the_engine_and_the_release_reports_it():
     model, exporter = _model(0), HandoverExporter(torch.device("cpu"))
     named = list(model.named_parameters())
     stream = [*named[:3], named[4], named[3]]  # the last two out of order: past the first two chunks
