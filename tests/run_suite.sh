@@ -14,7 +14,7 @@ PY="${PY:-.venv/bin/python}"
 E2E_B=(tests/deploy/test_env_smoke.py tests/deploy/test_evaluation_splits.py
        tests/deploy/test_methods_webshop.py tests/deploy/test_e2e_logs.py tests/deploy/test_elastic.py
        tests/deploy/test_weight_sync.py tests/deploy/test_uniskill_analysis.py
-       tests/deploy/test_cli_errors.py tests/deploy/test_faults.py)
+       tests/deploy/test_cli_errors.py tests/deploy/test_faults.py tests/deploy/test_lora_smoke.py)
 mkdir -p runs
 "$PY" -m pytest tests -q -m e2e "${E2E_B[@]/#/--ignore=}" --durations=15 --junitxml=runs/junit-e2e.xml "$@" \
     >runs/test-e2e.log 2>&1 &

@@ -208,7 +208,7 @@ class HandoverExporter:
         slots = max(1, min(self.slots, len(chunks)))
         control_segment = _create_segment(Control.SIZE)
         self._held.append(control_segment)
-        control = self._control = Control(control_segment.buf)
+        self._control = Control(control_segment.buf)
         try:
             ring, ref = self._allocate(slot_bytes * slots)
             handover = Handover(self.transport, ref, control_segment.name, slot_bytes, slots, chunks, timeout_s,
