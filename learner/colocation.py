@@ -55,16 +55,20 @@ class ColocatedLearner:
         """Start streaming the current weights (cast to `wire_dtype`) through a ring of two
         `bucket_mb` slots on this rank's device and return its handle; the rest of the stream runs in
         the background as the engine frees slots, and the ring stays until `release_handover`.
-        Every rank calls it."""
+        Under ZeRO-3 every bucket is staged before it returns. Every rank calls it."""
         if getattr(self, "_exporter", None) is None:
             self._exporter = HandoverExporter(self.backend.device)
         lora = self.cfg.lora
         if lora.enabled and not lora.merge_on_sync:
             raise ValueError("the in-place handover sends full weights: set learner.lora.merge_on_sync=true")
         what = "merged" if lora.enabled else "full"
-        metas, stream = STREAMS[what](self.backend.module, gather=_zero3_gather(self.cfg),
-                                      dtype=dtype_of(wire_dtype) if wire_dtype else None)
-        return self._exporter.export(metas, stream, bucket_bytes=int(bucket_mb * (1 << 20)), timeout_s=timeout_s)
+        gather = _zero3_gather(self.cfg)
+        metas, stream = STREAMS[what](self.backend.module, gather=gather, dtype=dtype_of(wire_dtype) if wire_dtype else None)
+        # ZeRO-3's gathers are collectives: they stay on this actor's thread, all staged before the
+        # call returns (the whole model on the device until the release), so that a recovery call
+        # meanwhile (an object-store export for a restarted engine) cannot interleave with them
+        return self._exporter.export(metas, stream, bucket_bytes=int(bucket_mb * (1 << 20)), timeout_s=timeout_s,
+                                     background=gather is None)
 
     def release_handover(self) -> int:
         """Free the ring of the last `export_handover` (the engine has loaded every chunk); raises

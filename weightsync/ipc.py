@@ -196,16 +196,18 @@ class HandoverExporter:
         return len(self._held)
 
     def export(self, metas: list[TensorMeta], tensors: Iterable[tuple[str, torch.Tensor]], *,
-               bucket_bytes: int, timeout_s: float = 600.0) -> Handover:
+               bucket_bytes: int, timeout_s: float = 600.0, background: bool = True) -> Handover:
         """Stage the stream (in the order of `metas`, each cast to its meta's dtype) chunk by chunk
         and return the handle the engine rank opens. An earlier export still held is released first.
         Only the first chunk is filled before returning (a stream that disagrees with `metas` there
         raises here); the rest is filled in the background while the engine loads, and a failure
-        there fails the engine's side and `release`."""
+        there fails the engine's side and `release`. `background=False` stages every chunk (one
+        slot each) before returning, on the caller's thread: for a stream whose reads are
+        collectives (ZeRO-3 gathers), which must not run beside the caller's other calls."""
         self.release()
         chunks = tuple(tuple(metas[i] for i in bucket) for bucket in plan_buckets(metas, bucket_bytes)) if metas else ()
         slot_bytes = max((sum(m.nbytes for m in c) for c in chunks), default=1)
-        slots = max(1, min(self.slots, len(chunks)))
+        slots = max(1, min(self.slots, len(chunks)) if background else len(chunks))
         control_segment = _create_segment(Control.SIZE)
         self._held.append(control_segment)
         self._control = Control(control_segment.buf)
@@ -215,12 +217,12 @@ class HandoverExporter:
                                 gpu_uuid(self.device) if self.transport == "cuda" else None)
             stream = iter(tensors)
             with torch.no_grad():
-                if chunks:  # before the engine starts: a stream that is wrong from the start fails here
-                    self._fill(ring, handover, 0, stream)
+                for i in range(min(len(chunks), 1 if background else len(chunks))):  # a wrong stream fails here
+                    self._fill(ring, handover, i, stream)
         except Exception:
             self.release()
             raise
-        if len(chunks) > 1:
+        if background and len(chunks) > 1:
             self._thread = threading.Thread(target=self._stream, args=(ring, handover, stream),
                                             name="weight-handover", daemon=True)
             self._thread.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import threading
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,24 @@ def test_another_process_loads_every_chunk_through_the_ring_and_the_learner_free
     assert names <= _segments()  # the engine's exit did not take the learner's segments
     assert exporter.release() == 2
     assert not names & _segments()
+
+
+def test_a_stream_of_collectives_is_staged_whole_on_the_callers_thread():
+    model, exporter = _model(0), HandoverExporter(torch.device("cpu"))
+    named, reads = list(model.named_parameters()), []
+
+    def stream():  # records which thread reads each tensor, as a ZeRO-3 gather would run there
+        for name, p in named:
+            reads.append(threading.get_ident())
+            yield name, p.data
+
+    handover = exporter.export(metas_of(named), stream(), bucket_bytes=2048, background=False)
+    assert len(reads) == len(named) and set(reads) == {threading.get_ident()}  # all read before it returned
+    assert handover.slots == len(handover.chunks) > ipc.SLOTS and handover.slot_bytes * handover.slots >= handover.nbytes
+    receiver = _model(1)
+    assert _load(receiver, handover) == len(named)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), receiver.parameters()))
+    assert exporter.release() == 2
 
 
 def test_wire_dtype_cast_and_a_second_export_releases_the_first():
