@@ -37,7 +37,10 @@ class _Array(Sequence):
     def __init__(self, values: Any = ()) -> None:
         if isinstance(values, _Array):
             values = values._a
-        a = np.asarray(values, dtype=self.dtype)
+        try:
+            a = np.asarray(values, dtype=self.dtype)
+        except (TypeError, OverflowError) as err:  # e.g. a null among the ids: bad data, not a bug
+            raise ValueError(f"{type(self).__name__} needs numbers ({np.dtype(self.dtype).name}): {err}") from None
         if a.ndim != 1:
             raise ValueError(f"{type(self).__name__} needs a flat sequence, got shape {a.shape}")
         if a.flags.writeable:
