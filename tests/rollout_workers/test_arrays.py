@@ -65,6 +65,12 @@ def test_contract_invariants_still_hold():
              action_valid=False, observation="", next_observation="")
     with pytest.raises(ValidationError, match="sequence of numbers"):
         Generation(token_ids="abc", logprobs=(), text="", finish_reason="stop")
+    for bad in ([None, 2], [2**40]):  # a null or out-of-range id in an archive is bad data: ValueError
+        with pytest.raises(ValueError, match="TokenIds needs numbers"):
+            TokenIds(bad)
+    with pytest.raises(ValidationError, match="prompt_ids"):
+        Turn(prompt_ids=(None, 2), response_ids=(3,), sampler_logprobs=(-0.1,), response_text="", action=None,
+             action_valid=False, observation="", next_observation="")
 
 
 def test_a_pickled_turn_carries_raw_buffers():
