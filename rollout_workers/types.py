@@ -39,7 +39,7 @@ class _Array(Sequence):
             values = values._a
         try:
             a = np.asarray(values, dtype=self.dtype)
-        except (TypeError, OverflowError) as err:  # e.g. a null among the ids: bad data, not a bug
+        except (TypeError, ValueError, OverflowError) as err:  # a null or a word among the ids: bad data
             raise ValueError(f"{type(self).__name__} needs numbers ({np.dtype(self.dtype).name}): {err}") from None
         if a.ndim != 1:
             raise ValueError(f"{type(self).__name__} needs a flat sequence, got shape {a.shape}")
