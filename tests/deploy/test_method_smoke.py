@@ -1,16 +1,20 @@
-"""Every distilling method's laptop config routes turns in a training step on local Ray: with a
-policy that wins about half of its episodes (the `warm_model` fixture on smoke_cpu_mixed.yaml's
-env), groups hold successes, so failed and successful episodes get references, matched turns get
-teacher prompts, the teacher pass scores them and the SD loss joins the update. The routing
-metrics are checked against the references the archived trajectories imply, and the SD loss is
-shown to change the update against the same step with learner.sd.coef=0 on the same seeds.
+"""Every distilling method's laptop config routes turns in a training step: with a policy that
+wins about half of its episodes (the `warm_model` fixture on smoke_cpu_mixed.yaml's env), groups
+hold successes, so failed and successful episodes get references, matched turns get teacher
+prompts, the teacher pass scores them and the SD loss joins the update. The routing metrics are
+checked against the references the archived trajectories imply, and the SD loss is shown to change
+the update against the same step with learner.sd.coef=0 on the same seeds.
 
-The configs that differ from a trained one only in the teacher block's parts (REPLAYED) do not
-train again: their router replays the smrc_sd run's archived step (`routing_replay`), whose
-routing metrics the replay must first reproduce exactly.
+smoke_cpu_smrc_sd.yaml trains one step end to end on local Ray. Every other ALFWorld config here
+samples that same step (it differs only in the method block and the learner's loss, so it plays
+the same episodes from the same seeds): the configs with a turn rule, loss form or skill teacher of
+their own (LEARNT) replay the step's routing and update (`routing_replay`: the driver's router and
+the learner's `train_step` in this process), after the replay of smrc_sd itself has reproduced the
+trained step's metrics; the configs that differ only in what the teacher block shows (REPLAYED)
+replay its routing. GiGPO replays the grpo-only run's update the same way.
 
-The runs use the HF engine (`shared_runs_a`): these tests are about routing, losses and advantages
-on the sampled episodes, not the engine."""
+The runs use the HF engine and the torch learner (`shared_runs`): these tests are about routing,
+losses and advantages on the sampled episodes, not the engine."""
 
 import json
 from collections import defaultdict
@@ -19,7 +23,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.deploy.shared_runs import shared_run
+from tests.deploy.shared_runs import HF_ENGINE, TORCH_LEARNER, shared_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,9 +41,14 @@ DISTILLING = [c for c in sorted((ROOT / "deploy" / "configs").glob("smoke_cpu_*.
 REPLAYED = {"smoke_cpu_context_only", "smoke_cpu_routing_only", "smoke_cpu_smrc_sd_candidate_only",
             "smoke_cpu_smrc_sd_summary_only"}
 """Same sampling, rule family and learner path as a trained config; only the teacher block differs."""
-CONFIGS = [c for c in DISTILLING if c.stem not in REPLAYED]
 SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_smrc_sd.yaml"
 GIGPO = ROOT / "deploy" / "configs" / "smoke_cpu_gigpo.yaml"
+CONFIGS = [c for c in DISTILLING if c.stem not in REPLAYED]
+"""A turn rule, loss form or skill teacher of their own: smrc_sd trained, the others LEARNT (replayed
+with their update)."""
+PLAIN = ("method.name=grpo", "learner.sd.coef=0")
+"""smrc_sd's step without distillation (test_sd_loss_changes_the_update)."""
+RUN_SETS = ("run.total_steps=1", "eval.at_end=false")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 
@@ -66,8 +75,33 @@ def runs(warm_model, tmp_path_factory):
     """Runs one training step per (config, overrides) once per session; later requests reuse it."""
 
     def get(config: Path, *sets: str) -> Run:
-        return Run(shared_run(tmp_path_factory, config, f"model.path={warm_model}", "run.total_steps=1",
-                              "eval.at_end=false", *sets))
+        return Run(shared_run(tmp_path_factory, config, f"model.path={warm_model}", *RUN_SETS, *sets))
+
+    return get
+
+
+def _load(config: Path, model: Path, *sets: str):
+    """`config` resolved as `runs` trains it (the same overrides)."""
+    from deploy.config_loading import load_config
+
+    return load_config(config, [HF_ENGINE, *TORCH_LEARNER, f"model.path={model}", *RUN_SETS, *sets])
+
+
+@pytest.fixture(scope="module")
+def replayed_step(runs, warm_model):
+    """(metrics, config) of `config`'s replay of the trained smrc_sd step: the router's metrics and
+    the learner's; the replay of smrc_sd itself must first give the trained step's metrics."""
+    from tests.deploy.routing_replay import check_learner_replay, replay_step, samples_the_same_step
+
+    trained = runs(SMRC_SD)
+    sets = (HF_ENGINE, *TORCH_LEARNER, *RUN_SETS)
+    again, trained_cfg = replay_step(SMRC_SD, warm_model, trained.trajectories, *sets)
+    check_learner_replay(again, trained.step)
+
+    def get(config: Path) -> tuple[dict, dict]:
+        metrics, cfg = replay_step(config, warm_model, trained.trajectories, *sets)
+        samples_the_same_step(cfg, trained_cfg)
+        return metrics, cfg.model_dump(mode="json")
 
     return get
 
@@ -83,14 +117,15 @@ def _with_reference(trajectories: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
-def test_method_config_routes_turns(config, runs):
+def test_method_config_routes_turns(config, runs, replayed_step):
+    """smrc_sd's trained step, or the replay of that step under `config` (LEARNT)."""
     from deploy.config_loading import load_config
     from deploy.config_sections import SKILL_METHOD_SD_FORM
     from deploy.stages.smrc_sd import RULES
 
     expected = load_config(config).method
-    run = runs(config)
-    step, trajs = run.step, run.trajectories
+    trajs = runs(SMRC_SD).trajectories
+    step, saved_config = (runs(config).step, runs(config).config) if config == SMRC_SD else replayed_step(config)
     routed, referenced, total = _check_routing(step, trajs, RULES[expected.name][0])
     if RULES[expected.name][0] == "all":
         routed_tokens = sum(len(turn["response_ids"]) for t in referenced for turn in t["turns"])
@@ -101,13 +136,13 @@ def test_method_config_routes_turns(config, runs):
     # the learner scored every routed row under its teacher prompt and added a nonzero SD loss
     assert step["sd/match_rate"] == pytest.approx(routed / total, rel=1e-5)
     form = SKILL_METHOD_SD_FORM.get(expected.name, "rkl")  # Skill-SD / SDAR select their loss form
-    assert run.config["learner"]["sd"]["form"] == form
+    assert saved_config["learner"]["sd"]["form"] == form
     assert step["loss/sd"] > 0 if form == "rkl" else step["loss/sd"] != 0  # the gated form has either sign
-    kl_coef = run.config["learner"]["kl_coef"]
-    assert run.config["learner"]["entropy_coeff"] == 0.0
+    kl_coef = saved_config["learner"]["kl_coef"]
+    assert saved_config["learner"]["entropy_coeff"] == 0.0
     assert step["loss/total"] == pytest.approx(step["loss/pg"] + kl_coef * step["loss/kl"] + step["loss/sd"], rel=1e-5)
 
-    saved = run.config["method"]
+    saved = saved_config["method"]
     assert saved["name"] == expected.name and tuple(saved["context_parts"] or ()) == tuple(expected.context_parts or ())
 
 
@@ -159,7 +194,7 @@ def test_sd_loss_changes_the_update(runs):
     has the same policy-gradient loss; with SMRC-SD the loss differs by exactly the SD term and
     the update moves the weights elsewhere."""
     sd = runs(SMRC_SD)
-    plain = runs(SMRC_SD, "method.name=grpo", "learner.sd.coef=0")
+    plain = runs(SMRC_SD, *PLAIN)
     assert plain.config["method"]["name"] == "grpo" and plain.config["learner"]["sd"]["coef"] == 0.0
     assert "loss/sd" not in plain.step and sd.step["loss/sd"] > 0
     assert sd.sampled_ids() == plain.sampled_ids()  # same seeds, same weights: the same rollouts
@@ -171,15 +206,23 @@ def test_sd_loss_changes_the_update(runs):
     assert any(not (with_sd[k] == without[k]).all() for k in with_sd), "the SD loss did not change the update"
 
 
-def test_gigpo_config_trains_with_gigpo_advantages(runs):
-    """smoke_cpu_gigpo.yaml samples the same step as plain GRPO (same seeds and env) and logs the
-    mean |advantage| GiGPO gives those episodes (anchor states: the observations the turns acted on)."""
-    gigpo, plain = runs(GIGPO), runs(SMRC_SD, "method.name=grpo", "learner.sd.coef=0")
-    assert gigpo.config["learner"]["adv_estimator"] == "gigpo" and gigpo.sampled_ids() == plain.sampled_ids()
-    want, grpo = expected_advantages(gigpo.trajectories, gigpo.config["learner"])
-    assert gigpo.step["advantage_abs_mean"] == pytest.approx(float(want.abs().mean()), rel=1e-5)
+def test_gigpo_config_trains_with_gigpo_advantages(runs, warm_model):
+    """smoke_cpu_gigpo.yaml samples the same step as plain GRPO (smrc_sd without distillation: same
+    seeds and env); the replay of that step's update under it (after the replay under the grpo run's
+    own config reproduced its metrics) logs the mean |advantage| GiGPO gives those episodes (anchor
+    states: the observations the turns acted on)."""
+    from tests.deploy.routing_replay import check_learner_replay, replay_learning, samples_the_same_step
+
+    plain = runs(SMRC_SD, *PLAIN)
+    plain_cfg, cfg = _load(SMRC_SD, warm_model, *PLAIN), _load(GIGPO, warm_model)
+    check_learner_replay(replay_learning(plain_cfg, warm_model, plain.trajectories), plain.step)
+    samples_the_same_step(cfg, plain_cfg)
+    gigpo = replay_learning(cfg, warm_model, plain.trajectories)
+    assert cfg.learner.adv_estimator == "gigpo"
+    want, grpo = expected_advantages(plain.trajectories, cfg.learner.model_dump(mode="json"))
+    assert gigpo["advantage_abs_mean"] == pytest.approx(float(want.abs().mean()), rel=1e-5)
     assert plain.step["advantage_abs_mean"] == pytest.approx(float(grpo.abs().mean()), rel=1e-5)
-    assert gigpo.step["advantage_abs_mean"] != pytest.approx(plain.step["advantage_abs_mean"], rel=1e-3)
+    assert gigpo["advantage_abs_mean"] != pytest.approx(plain.step["advantage_abs_mean"], rel=1e-3)
 
 
 def expected_advantages(trajectories: list[dict], learner: dict):

@@ -1,10 +1,12 @@
 """The routing stage on WebShop: a shopper's winning episode (embedded env, through the rollout
 loop) is the reference of tiny-model episodes of the same task; signatures come from the WebShop
-tracker and teacher prompts from the WebShop renderer. Then the WebShop method smoke configs of
-each turn rule (smrc_sd: matched, fullpath_sd: all, random_turn: random) and GiGPO train one step
-end to end; the others, which sample the same step and differ only in the teacher block they route
-(context parts, or a skill block for Skill-SD / SDAR, whose loss forms the ALFWorld configs train
-end to end), replay the smrc_sd run's archived step through their own router (`routing_replay`)."""
+tracker and teacher prompts from the WebShop renderer. Then the WebShop smrc_sd and GiGPO method
+smoke configs train one step end to end; every other WebShop method config samples that same step
+(it differs only in the method block and the learner's loss): the other turn rules (fullpath_sd:
+all, random_turn: random) replay its routing and its update (`routing_replay`: the driver's router
+and the learner's `train_step` in this process, after the replay of smrc_sd itself reproduced the
+trained step's metrics), the configs that differ only in the teacher block they route (context
+parts, or a skill block for Skill-SD / SDAR) replay its routing."""
 
 import json
 from pathlib import Path
@@ -123,17 +125,19 @@ def test_smrc_routes_matched_turns_with_webshop_context(episodes):
     assert sigs[0].env == "webshop" and dict(sigs[-1].fields)["page"] == "done"
 
 
-# --- every WebShop method smoke config trains -----------------------------
-# One training step per config on local Ray (HF engine, torch learner, env actors) with the
+# --- every WebShop method smoke config routes and trains -------------------------
+# One training step of smrc_sd on local Ray (HF engine, torch learner, env actors) with the
 # untrained tiny model; the HF engine because these tests are about WebShop routing and the losses, not
-# the engine (`shared_runs`), with the test-only overrides of `shared_runs.WEBSHOP_SETS`.
+# the engine (`shared_runs`), with the test-only overrides of `shared_runs.WEBSHOP_SETS`. The other
+# turn rules replay that step's routing and update.
 
 E2E = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parents[2]
 WEBSHOP_ALL_SD = sorted(c for c in (ROOT / "deploy" / "configs").glob("smoke_cpu_webshop_*.yaml") if "gigpo" not in c.stem)
-TRAINED = {"smoke_cpu_webshop_smrc_sd", "smoke_cpu_webshop_fullpath_sd", "smoke_cpu_webshop_random_turn"}
-WEBSHOP_SD = [c for c in WEBSHOP_ALL_SD if c.stem in TRAINED]
-WEBSHOP_REPLAYED = [c for c in WEBSHOP_ALL_SD if c.stem not in TRAINED]
+TURN_RULES = {"smoke_cpu_webshop_smrc_sd", "smoke_cpu_webshop_fullpath_sd", "smoke_cpu_webshop_random_turn"}
+"""One config per turn rule (matched, all, random): smrc_sd trained, the others replayed with their update."""
+WEBSHOP_SD = [c for c in WEBSHOP_ALL_SD if c.stem in TURN_RULES]
+WEBSHOP_REPLAYED = [c for c in WEBSHOP_ALL_SD if c.stem not in TURN_RULES]
 WEBSHOP_SMRC_SD = ROOT / "deploy" / "configs" / "smoke_cpu_webshop_smrc_sd.yaml"
 
 
@@ -151,19 +155,40 @@ def webshop_runs(model, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def webshop_replayed(webshop_runs, model):
+    """(step metrics, resolved config) of the trained smrc_sd step replayed under `config`
+    (routing and update); the replay under smrc_sd itself must first give the trained step's metrics."""
+    from tests.deploy.routing_replay import check_learner_replay, replay_step, samples_the_same_step
+    from tests.deploy.shared_runs import HF_ENGINE, TORCH_LEARNER
+
+    trained = webshop_runs(WEBSHOP_SMRC_SD)
+    sets = (HF_ENGINE, *TORCH_LEARNER, *WEBSHOP_SETS)
+    again, trained_cfg = replay_step(WEBSHOP_SMRC_SD, model, trained["trajectories"], *sets)
+    check_learner_replay(again, trained["step"])
+
+    def get(config: Path) -> dict:
+        metrics, cfg = replay_step(config, model, trained["trajectories"], *sets)
+        samples_the_same_step(cfg, trained_cfg)
+        return {"step": metrics, "config": cfg.model_dump(mode="json"), "trajectories": trained["trajectories"]}
+
+    return get
+
+
 @pytest.mark.parametrize("config", WEBSHOP_SD, ids=[c.stem for c in WEBSHOP_SD])
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.ray
-def test_webshop_method_config_trains_and_routes(config, webshop_runs):
+def test_webshop_method_config_trains_and_routes(config, webshop_runs, webshop_replayed):
     """Routing metrics are the archive's (references = another success of the group), matched or all
-    turns are distilled per the method's rule, and the SD loss joins the update."""
+    turns are distilled per the method's rule, and the SD loss joins the update: smrc_sd's trained
+    step, the other turn rules' replays of it."""
     from deploy.config_loading import load_config
     from deploy.config_sections import SKILL_METHOD_SD_FORM
     from deploy.stages.smrc_sd import RULES
 
     expected = load_config(config).method
-    run = webshop_runs(config)
+    run = webshop_runs(config) if config == WEBSHOP_SMRC_SD else webshop_replayed(config)
     step, trajs = run["step"], run["trajectories"]
     assert run["config"]["env"]["name"] == "webshop" and run["config"]["method"]["name"] == expected.name
     assert tuple(run["config"]["method"]["context_parts"] or ()) == tuple(expected.context_parts or ())
