@@ -3,7 +3,8 @@
 Every README command is a key here and every key is a README command (tests/test_readme_commands.py
 fails otherwise), so a changed README command cannot go untested. `Run` runs the command as written,
 in a scratch copy of the repository, with only the size-shrinking arguments in `extra` appended (and the
-HF engine for the laptop job, whose point is Ray's job plumbing: README's first run is the vLLM run).
+HF engine for the laptop job, whose point is Ray's job plumbing, and for the first run's `eval`, whose
+point is the evaluation of a checkpoint: the first run's `train` commands are the vLLM run).
 `Instead` replaces a command that cannot run here with `shell`, for the reason given.
 """
 
@@ -114,7 +115,7 @@ MANIFEST: dict[str, Treatment] = {
     "$PY -m deploy train --config deploy/configs/smoke_cpu.yaml --set model.path=runs/tiny/sft": Run(
         files=RUN_DIR, prints=(r"run written to runs/smoke",)),
     "$PY -m deploy eval --config deploy/configs/smoke_cpu.yaml --checkpoint runs/smoke/checkpoints/step_000002 --k 4":
-        Run(prints=(r"Avg@4 \d\.\d{3} ± \d\.\d{3}",)),
+        Run(extra=("--set", "engine.engine=hf"), prints=(r"Avg@4 \d\.\d{3} ± \d\.\d{3}",)),
     "$PY -m deploy train --config deploy/configs/smoke_cpu.yaml --resume --set model.path=runs/tiny/sft "
     "--set run.total_steps=4": Run(files=("runs/smoke/checkpoints/step_000004/hf",), check=_resumed_to_step_4),
     # --- On a cluster with `ray job submit` ---
