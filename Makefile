@@ -32,7 +32,7 @@ test: install
 	PY=$(VPY) bash tests/run_suite.sh
 
 test-fast: install
-	$(VPY) -m pytest tests -q -n 2 -m "not slow and not e2e"
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VPY) -m pytest tests -q -n 2 -m "not slow and not e2e"
 
 demo: install
 	$(VPY) -m deploy demo

@@ -11,6 +11,11 @@
 set -u
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
+# One torch/OpenMP thread per process (Ray actors set their own from their CPUs): with the two
+# processes side by side every core is busy, and a second thread only waits for a busy core; torch's
+# threads wait at every op, so an op runs several times slower than on one thread (docs/results.md,
+# "Test suite time").
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 E2E_B=(tests/deploy/test_env_smoke.py tests/deploy/test_evaluation_splits.py
        tests/deploy/test_methods_webshop.py tests/deploy/test_e2e_logs.py tests/deploy/test_elastic.py
        tests/deploy/test_weight_sync.py tests/deploy/test_uniskill_analysis.py

@@ -36,6 +36,10 @@ HF_ENGINE = "engine.engine=hf"
 """The rollout engine of every run here (see the module docstring)."""
 TORCH_LEARNER = ("learner.use_deepspeed=false", "learner.zero_stage=0")
 """The learner backend of every run here (see the module docstring)."""
+ONE_THREAD = "ray.learner_threads=1"
+"""One torch thread per learner rank in every training run of the suite (the laptop configs that set
+2 borrow the rollout worker's idle core): the suite runs two processes side by side on two cores
+(tests/run_suite.sh), so there is no idle core, and a second thread would only wait for a busy one."""
 CRITIC_KEY = "critic-key-that-must-never-be-written-0f3a9c"
 """SKILL_CRITIC_API_KEY of the live UniSkill run: a secret no file the run writes may contain."""
 UNISKILL_NAMESPACE = "smoke-uniskill"
@@ -48,9 +52,10 @@ def set_flags(*sets: str) -> list[str]:
 
 
 def train_cmd(config: Path, *sets: str) -> list[str]:
-    """`python -m deploy train --config CONFIG --set engine.engine=hf --set <torch learner> --set SET...`."""
+    """`python -m deploy train --config CONFIG --set engine.engine=hf --set <torch learner> --set
+    <one thread> --set SET...`."""
     return [sys.executable, "-m", "deploy", "train", "--config", str(config),
-            *set_flags(HF_ENGINE, *TORCH_LEARNER, *sets)]
+            *set_flags(HF_ENGINE, *TORCH_LEARNER, ONE_THREAD, *sets)]
 
 
 _HEAD_SCRIPT = """

@@ -18,7 +18,7 @@ import pytest
 
 from skillbank_service.config import SkillBankConfig
 from skillbank_service.types import CriticVerdict, ScoredProposal
-from tests.deploy.shared_runs import train_cmd
+from tests.deploy.shared_runs import shared_head, train_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "faults_skillbank"
@@ -160,11 +160,13 @@ def _train(model: Path, run: Path, component: str, log: Path) -> subprocess.Comp
     # faulted bank must decide exactly once; 2 groups a step (the config plays 4) keep the run short
     sets = [f"model.path={model}", f"run.output_dir={run}", "run.total_steps=2", "eval.at_end=false",
             "rollout.tasks_per_step=2",
-            "faults.enabled=true", f"faults.kill={component}", "faults.at_step=1"]
+            "faults.enabled=true", f"faults.kill={component}", "faults.at_step=1", f"ray.namespace={run.parent.name}"]
     # the HF engine: this test is about the skill bank's recovery, not the engine (`shared_runs_a`)
     cmd = train_cmd(ROOT / "deploy/configs/smoke_cpu_uniskill.yaml", *sets)
     with log.open("w") as out:
-        res = subprocess.run(cmd, cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT, timeout=600, check=False)
+        # on the test process's shared Ray cluster (`shared_head`), as a run joins a cluster that outlives it
+        res = subprocess.run(cmd, cwd=ROOT, env={**ENV, "RAY_ADDRESS": shared_head()}, stdout=out,
+                             stderr=subprocess.STDOUT, timeout=600, check=False)
     return subprocess.CompletedProcess(cmd, res.returncode, log.read_text(), "")
 
 

@@ -5,6 +5,7 @@ evaluation, and a resumed run continues the same W&B run."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from deploy.evaluation import EvalResult, TypeResult
@@ -53,6 +54,19 @@ def test_tensorboard_gets_steps_and_per_split_evals(tmp_path):
                                                                      "step_0002-valid_unseen.json"]
 
 
+def _written(path: Path, needles: tuple[bytes, ...], timeout_s: float = 60.0) -> bytes:
+    """`path`'s bytes once every needle is in them, or after `timeout_s`. W&B's service process
+    (wandb-core) writes the offline run file and closes it when the run's last message arrives,
+    which `finish()` sends without waiting (wandb 0.31: `ServiceConnection.inform_finish` only
+    publishes), so on a loaded machine the records land a moment after `finish()` returned."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        data = path.read_bytes()
+        if all(n in data for n in needles) or time.monotonic() > deadline:
+            return data
+        time.sleep(0.2)
+
+
 def test_wandb_offline_gets_config_steps_and_eval_tables_and_resumes_the_same_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -71,7 +85,8 @@ def test_wandb_offline_gets_config_steps_and_eval_tables_and_resumes_the_same_ru
                              ["step_0002-valid_seen", "valid_seen", "pick", 1, 0.5, 1.0, None],
                              ["step_0002-valid_seen", "valid_seen", "all", 2, 0.25, 0.5, None]]
     # the run file holds the records (protobuf): the resolved config and the logged keys are in it
-    records = (offline / f"run-{run_id}.wandb").read_bytes()
+    records = _written(offline / f"run-{run_id}.wandb", (b"agentrl-tests", b"logger-test", b"success_rate",
+                                                          b"eval/valid_seen/avg_at_k"))
     for needle in (b"agentrl-tests", b"logger-test", b"success_rate", b"eval/valid_seen/avg_at_k"):
         assert needle in records, needle
     # TensorBoard ran next to it

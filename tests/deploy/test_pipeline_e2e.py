@@ -7,7 +7,8 @@ resumed from a mid-run checkpoint replays the same task stream and samples as th
 The GRPO runs use the HF engine (`engine.engine=hf`): they are about the one-step-off pipeline and
 resuming it, not the engine. The async agent loop runs on vLLM: that test is about vLLM's async
 engine. Every run uses the torch learner (`TORCH_LEARNER`): the pipeline is the same above either
-backend."""
+backend. The runs join the test process's shared Ray cluster (`shared_head`), each in a Ray namespace
+of its own, as `ray job submit` runs join one."""
 
 import json
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.shared_runs import TORCH_LEARNER, set_flags
+from tests.deploy.shared_runs import ONE_THREAD, TORCH_LEARNER, set_flags, shared_head
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "deploy" / "configs"
@@ -30,8 +31,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.ray]
 def _train(config: Path, model: Path, run: Path, *sets: str, resume: bool = False) -> None:
     cmd = [sys.executable, "-m", "deploy", "train", "--config", str(config), "--set", f"model.path={model}",
            "--set", f"run.output_dir={run}", "--set", "rollout.max_staleness=1",
-           *set_flags(*TORCH_LEARNER, *sets), *(["--resume"] if resume else [])]
-    res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900, check=False)
+           "--set", f"ray.namespace={run.parent.name}-{'resumed' if resume else 'first'}",
+           *set_flags(*TORCH_LEARNER, ONE_THREAD, *sets), *(["--resume"] if resume else [])]
+    res = subprocess.run(cmd, cwd=ROOT, env={**ENV, "RAY_ADDRESS": shared_head()}, capture_output=True, text=True,
+                         timeout=900, check=False)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-5000:]
 
 

@@ -360,7 +360,7 @@ def test_ralign_vs_rollout_cli_on_local_ray(tmp_path):
 
     from deploy.config_loading import load_config
     from envs.tasks import sample_tasks
-    from tests.deploy.shared_runs import HF_ENGINE
+    from tests.deploy.shared_runs import HF_ENGINE, ONE_THREAD
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
@@ -374,7 +374,8 @@ def test_ralign_vs_rollout_cli_on_local_ray(tmp_path):
         return res
 
     deploy("build-tiny-model", "--out", str(model), "--config", str(smoke), "--num-episodes", "20")
-    cfg = load_config(smoke, [f"model.path={model}", f"run.output_dir={run}", "run.name=ralign-e2e", HF_ENGINE])
+    cfg = load_config(smoke, [f"model.path={model}", f"run.output_dir={run}", "run.name=ralign-e2e", HF_ENGINE,
+                              ONE_THREAD])
     run.mkdir()
     (run / "config.resolved.json").write_text(cfg.model_dump_json(indent=2))
     tasks = sample_tasks(cfg.env, "train", 2, seed=0)
