@@ -68,6 +68,22 @@ def samples_the_same_step(cfg, trained) -> None:
     assert cfg.learner.model_dump(exclude=loss) == trained.learner.model_dump(exclude=loss)
 
 
+def step_replayer(trained_config: Path, model: str | Path, trajectories: list[dict], trained_metrics: dict,
+                  *sets: str):
+    """`replay(config) -> (metrics, config)` for the configs that sample the step `trained_config`
+    trained (`trajectories`, `trained_metrics`): the replay of `trained_config` itself must first give
+    the trained step's learner metrics, and every replayed config must sample the same step."""
+    again, trained_cfg = replay_step(trained_config, model, trajectories, *sets)
+    check_learner_replay(again, trained_metrics)
+
+    def replay(config: Path):
+        metrics, cfg = replay_step(config, model, trajectories, *sets)
+        samples_the_same_step(cfg, trained_cfg)
+        return metrics, cfg
+
+    return replay
+
+
 REPLAYED_KEYS = ("loss/total", "loss/pg", "loss/kl", "loss/entropy", "loss/sd", "grad_norm", "advantage_abs_mean", "num_rows",
                  "num_tokens", "sd/match_rate", "sd/teacher_tokens")
 """The learner metrics a replay must reproduce (timings and sampling statistics aside)."""

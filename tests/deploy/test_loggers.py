@@ -85,9 +85,9 @@ def test_wandb_offline_gets_config_steps_and_eval_tables_and_resumes_the_same_ru
                              ["step_0002-valid_seen", "valid_seen", "pick", 1, 0.5, 1.0, None],
                              ["step_0002-valid_seen", "valid_seen", "all", 2, 0.25, 0.5, None]]
     # the run file holds the records (protobuf): the resolved config and the logged keys are in it
-    records = _written(offline / f"run-{run_id}.wandb", (b"agentrl-tests", b"logger-test", b"success_rate",
-                                                          b"eval/valid_seen/avg_at_k"))
-    for needle in (b"agentrl-tests", b"logger-test", b"success_rate", b"eval/valid_seen/avg_at_k"):
+    needles = (b"agentrl-tests", b"logger-test", b"success_rate", b"eval/valid_seen/avg_at_k")
+    records = _written(offline / f"run-{run_id}.wandb", needles)
+    for needle in needles:
         assert needle in records, needle
     # TensorBoard ran next to it
     assert _tb_scalars(run)["eval/valid_seen/avg_at_k"] == [(2, 0.25)]

@@ -159,17 +159,15 @@ def webshop_runs(model, tmp_path_factory):
 def webshop_replayed(webshop_runs, model):
     """(step metrics, resolved config) of the trained smrc_sd step replayed under `config`
     (routing and update); the replay under smrc_sd itself must first give the trained step's metrics."""
-    from tests.deploy.routing_replay import check_learner_replay, replay_step, samples_the_same_step
+    from tests.deploy.routing_replay import step_replayer
     from tests.deploy.shared_runs import HF_ENGINE, TORCH_LEARNER
 
     trained = webshop_runs(WEBSHOP_SMRC_SD)
-    sets = (HF_ENGINE, *TORCH_LEARNER, *WEBSHOP_SETS)
-    again, trained_cfg = replay_step(WEBSHOP_SMRC_SD, model, trained["trajectories"], *sets)
-    check_learner_replay(again, trained["step"])
+    replay = step_replayer(WEBSHOP_SMRC_SD, model, trained["trajectories"], trained["step"], HF_ENGINE,
+                           *TORCH_LEARNER, *WEBSHOP_SETS)
 
     def get(config: Path) -> dict:
-        metrics, cfg = replay_step(config, model, trained["trajectories"], *sets)
-        samples_the_same_step(cfg, trained_cfg)
+        metrics, cfg = replay(config)
         return {"step": metrics, "config": cfg.model_dump(mode="json"), "trajectories": trained["trajectories"]}
 
     return get
