@@ -104,6 +104,14 @@ class SyntheticWorker:
                              num_generated_tokens=0, num_prompt_tokens=0, generate_s=0.0, env_s=0.0, total_s=0.0)
         return trajs, stats
 
+    def collect_apart(self, tasks, **kwargs):
+        """`collect`'s result as the driver and the learners get it (`RolloutWorker.collect_apart`)."""
+        from rollout_workers.summaries import summarize
+
+        trajs, stats = self.collect(tasks, **kwargs)
+        summaries, pack = summarize(trajs)
+        return (summaries, stats), pack
+
     def policy_version(self) -> int:
         return 0
 
@@ -144,8 +152,9 @@ class _Pool:
 
 
 class _Router:
-    """Stand-in for the SMRC-SD router: a teacher prompt (the student's plus `extra` ids) for a
-    fixed share of the turns, chosen by a seeded hash."""
+    """Stand-in for the SMRC-SD router: a teacher prompt (as long as the student's plus `extra` ids,
+    seeded random ids where the router renders text through the tokenizer) for a fixed share of the
+    turns, chosen by a seeded hash. It reads what the router reads: the episodes' summaries."""
 
     def __init__(self, fraction: float, extra: int):
         self.fraction, self.extra = fraction, extra
@@ -161,8 +170,9 @@ class _Router:
         for traj in trajectories:
             for t, turn in enumerate(traj.turns):
                 if zlib.crc32(f"{traj.traj_id}:{t}".encode()) % 1000 < self.fraction * 1000:
-                    ids = np.asarray(turn.prompt_ids)  # a tokenizer's output, as an array (no per-id objects)
-                    out.teacher_prompts[(traj.traj_id, t)] = np.concatenate([ids[:10], ids[: self.extra], ids[10:]])
+                    rng = np.random.default_rng(zlib.crc32(f"{traj.traj_id}:{t}".encode()))
+                    out.teacher_prompts[(traj.traj_id, t)] = rng.integers(  # a tokenizer's output, as an array
+                        10, 150_000, turn.num_prompt_tokens + self.extra, dtype=np.int32)
         out.metrics = {"route/teacher_rows": float(len(out.teacher_prompts))}
         return out
 
@@ -182,7 +192,7 @@ def run_one(args: argparse.Namespace, episodes: int) -> dict:
                              f"rollout.num_workers={args.workers}", f"ray.env_pools={args.workers}",
                              f"ray.num_learners={args.learners}",
                              "run.loggers=[]", "eval.at_start=false", "eval.at_end=false"])
-    ray.init(num_cpus=max(4, args.workers + args.learners), include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=max(4, args.workers + args.learners), include_dashboard=False, log_to_driver=False,
              object_store_memory=args.object_store_gb << 30)
     shape = {"turns": args.turns, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
              "allowed_width": args.allowed_width}
@@ -218,7 +228,7 @@ def _prebuild(cluster, trainer, steps) -> None:
     """Collect each measured step's tasks once so the workers cache their trajectories."""
     for step in steps:
         job = trainer.prepare_rollout(step, _timer())
-        cluster.collect(job["tasks"], group_size=job["group_size"], policy_version=0, temperature=1.0)
+        cluster.collect(job["tasks"], group_size=job["group_size"], policy_version=0, temperature=1.0, tokens=False)
 
 
 def _bench_cluster():

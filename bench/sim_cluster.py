@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(driver_scale)  # its receiving learner, pickled whole for the actors
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     runs = [run(args, "static")] if args.compare else []
     runs.append(run(args, "dynamic"))
     ray.shutdown()

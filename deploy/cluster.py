@@ -31,7 +31,7 @@ from deploy.recovery import (
     is_actor_death,
     wait_alive,
 )
-from deploy.step_rows import StepRows
+from deploy.step_rows import StepRows, with_tokens
 from deploy.weight_sync import (
     PROBE_TEXT,
     PROBE_TOKENS,
@@ -43,7 +43,7 @@ from deploy.weight_sync import (
     verify_tolerance,
 )
 from envs.types import TaskSpec
-from rollout_workers.types import Generation, RolloutStats, Trajectory
+from rollout_workers.types import Generation, RolloutStats, Trajectory, TrajectorySummary
 
 if TYPE_CHECKING:
     from deploy.stages.uniskill_glue import ProposalRequest
@@ -123,14 +123,19 @@ class Cluster:
     def collect(
         self, tasks: Sequence[TaskSpec], *, group_size: int, policy_version: int, temperature: float,
         skill_texts: Mapping[str, str | None] | None = None,
-    ) -> tuple[list[Trajectory], RolloutStats]:
+        tokens: bool = True,
+    ) -> tuple[list[Trajectory] | list[TrajectorySummary], RolloutStats]:
         """Run `group_size` episodes per task across the rollout workers (chunked to env capacity);
         `skill_texts` (UniSkill) maps task_id -> the skill shown in that task's actor prompts.
         A worker that dies mid-collect loses its chunks only: they are collected again, whole, on
         the restarted worker (same tasks, current weights); other workers' chunks are kept.
-        `submit_collect` + `wait_collect` (the pipelined driver calls them apart)."""
-        return self.wait_collect(self.submit_collect(tasks, group_size=group_size, policy_version=policy_version,
-                                                     temperature=temperature, skill_texts=skill_texts))
+        `submit_collect` + `wait_collect` (the pipelined driver calls them apart). With `tokens`
+        off the episodes come as summaries, their token arrays left in the object store (what an
+        evaluation reads)."""
+        pending = self.submit_collect(tasks, group_size=group_size, policy_version=policy_version,
+                                      temperature=temperature, skill_texts=skill_texts)
+        summaries, stats = self.wait_collect(pending)
+        return (with_tokens(summaries, pending.result_refs()) if tokens else summaries), stats
 
     def submit_collect(
         self, tasks: Sequence[TaskSpec], *, group_size: int, policy_version: int, temperature: float,
@@ -146,24 +151,35 @@ class Cluster:
             return pending
         per_call = max(1, self._episodes_per_worker() // group_size)
 
+        tokens: dict[Any, Any] = {}  # summaries' ref -> the token pack's ref (reruns included)
+
         def job(chunk: list[TaskSpec]) -> Callable[[Any], Any]:
             texts = {t.task_id: skill_texts.get(t.task_id) for t in chunk} if skill_texts else None
-            return lambda w: w.collect.remote(chunk, group_size=group_size, policy_version=policy_version,
-                                              temperature=temperature, skill_texts=texts)
+
+            def submit(w: Any) -> Any:
+                summaries, pack = w.collect_apart.options(num_returns=2).remote(
+                    chunk, group_size=group_size, policy_version=policy_version, temperature=temperature,
+                    skill_texts=texts)
+                tokens[summaries] = pack
+                return summaries
+            return submit
 
         jobs: list[WorkerJob] = []
         for w in range(len(self.workers)):
             share = list(tasks[w :: len(self.workers)])
             jobs += [(w, job(share[i : i + per_call])) for i in range(0, len(share), per_call)]
-        return self._submit_jobs(jobs, what="collect")
+        pending = self._submit_jobs(jobs, what="collect")
+        pending.tokens = tokens
+        return pending
 
-    def wait_collect(self, pending: PendingCalls | DynamicPending) -> tuple[list[Trajectory], RolloutStats]:
-        """The trajectories and merged stats of a `submit_collect` (wall time from submission)."""
+    def wait_collect(self, pending: PendingCalls | DynamicPending) -> tuple[list[TrajectorySummary], RolloutStats]:
+        """The episodes' summaries (their token arrays stay in the object store: `pending.result_refs()`,
+        `deploy.step_rows`) and the merged stats of a `submit_collect` (wall time from submission)."""
         if isinstance(pending, DynamicPending):
             return self._dispatch.wait(pending)
         results = self._finish_jobs(pending)
-        trajectories = [t for trajs, _ in results for t in trajs]
-        return trajectories, merge_stats([s for _, s in results], time.perf_counter() - pending.start)
+        summaries = [t for trajs, _ in results for t in trajs]
+        return summaries, merge_stats([s for _, s in results], time.perf_counter() - pending.start)
 
     def wait_finished(self, pending: PendingCalls | DynamicPending) -> None:
         """Block until every call of `pending` has finished (or failed), without fetching results;

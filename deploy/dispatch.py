@@ -32,7 +32,7 @@ from typing import Any
 from envs.types import TaskSpec
 from rollout_workers.engines.base import derive_seed
 from rollout_workers.task_source import TaskUnit, in_task_order
-from rollout_workers.types import RolloutStats, Trajectory
+from rollout_workers.types import RolloutStats, TrajectorySummary
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,14 @@ class PendingCalls:
     """The worker each job runs on (fixed at submission: indices shift when workers are removed)."""
     stored: dict[int, Any] = field(default_factory=dict)
     """Job index -> the ref its result lives under in the object store (once finished)."""
+    tokens: dict[Any, Any] = field(default_factory=dict)
+    """A collect's: the ref of each call's summaries -> the ref of its token pack (the call's second
+    return value, `RolloutWorker.collect_apart`)."""
 
-    def result_refs(self) -> list[Any]:
-        """The finished jobs' result refs in job order (what `deploy.step_rows.StepRows` hands on)."""
-        return [self.stored[j] for j in sorted(self.stored)]
+    def result_refs(self) -> list[tuple[Any, Any]]:
+        """The finished collect calls' (summaries, token pack) refs in job order (what
+        `deploy.step_rows.StepRows` hands on)."""
+        return [(self.stored[j], self.tokens[self.stored[j]]) for j in sorted(self.stored)]
 
 
 class TaskQueue:
@@ -138,15 +142,18 @@ class DynamicPending:
     units: int
     start: float = field(default_factory=time.perf_counter)
     stats: list[RolloutStats] = field(default_factory=list)
-    groups: dict[int, list[Trajectory]] = field(default_factory=dict)
+    groups: dict[int, list[TrajectorySummary]] = field(default_factory=dict)
     recovering: list[tuple[Any, Future]] = field(default_factory=list)
     """(worker, its recovery) for the workers that died, recovering while the collect goes on."""
     killed: int = 0
     requeued: int = 0
-    stored: list[Any] = field(default_factory=list)
-    """The refs of the calls that returned: each holds ({unit index: trajectories}, stats)."""
+    tokens: dict[Any, Any] = field(default_factory=dict)
+    """The ref of each call's summaries -> the ref of its token pack."""
+    stored: list[tuple[Any, Any]] = field(default_factory=list)
+    """The (summaries, token pack) refs of the calls that returned: the first holds
+    ({unit index: summaries}, stats)."""
 
-    def result_refs(self) -> list[Any]:
+    def result_refs(self) -> list[tuple[Any, Any]]:
         """Where the step's groups live in the object store (`deploy.step_rows.unpack` orders them)."""
         return list(self.stored)
 
@@ -164,7 +171,8 @@ class DynamicCollect:
 
     def _call(self, pending: DynamicPending, handle: Any) -> None:
         source = QueueSource(self.queue, pending.collect, f"worker-{id(handle):x}")
-        pending.calls[handle.collect_units.remote(source, **pending.args)] = handle
+        summaries, pack = handle.collect_units_apart.options(num_returns=2).remote(source, **pending.args)
+        pending.calls[summaries], pending.tokens[summaries] = handle, pack
 
     def submit(self, tasks: Sequence[TaskSpec], *, group_size: int, policy_version: int, temperature: float,
                skill_texts: Mapping[str, str | None] | None = None) -> DynamicPending:
@@ -235,7 +243,7 @@ class DynamicCollect:
             return
         pending.groups.update(groups)
         pending.stats.append(stats)
-        pending.stored.append(ref)
+        pending.stored.append((ref, pending.tokens[ref]))
 
     def _rejoin(self, pending: DynamicPending) -> None:
         """A worker recovered while groups are still untaken takes them too."""
@@ -260,8 +268,8 @@ class DynamicCollect:
         else:
             self.cluster._recover_worker(w, RuntimeError("died mid-collect"), lost_calls=1, what="collect")
 
-    def wait(self, pending: DynamicPending) -> tuple[list[Trajectory], RolloutStats]:
-        """The step's trajectories, grouped by task in task order, and the merged stats."""
+    def wait(self, pending: DynamicPending) -> tuple[list[TrajectorySummary], RolloutStats]:
+        """The step's episode summaries, grouped by task in task order, and the merged stats."""
         import ray
 
         self.wait_finished(pending)

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from learner.metrics import repeated_ngram_ratio
 from rollout_workers.env_profiles import rollout_profile
-from rollout_workers.types import Trajectory
+from rollout_workers.summaries import rep4gram_ratio
+from rollout_workers.types import AnyTrajectory
 
 
 class TypeResult(BaseModel):
@@ -63,7 +63,7 @@ class EvalResult(BaseModel):
     response_len_mean: float | None = None
     """Mean response tokens per turn over all episodes (SMRC-SD's length column; None in older files)."""
     rep4gram_ratio: float | None = None
-    """Mean over turns of the response's repeated 4-gram ratio (`learner.metrics.repeated_ngram_ratio`;
+    """Mean over turns of the response's repeated 4-gram ratio (`envs.health.repeated_ngram_ratio`;
     docs/algorithms.md S8; None in older files)."""
 
 
@@ -95,14 +95,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def _per_task(trajectories: Sequence[Trajectory]) -> dict[str, list[bool]]:
+def _per_task(trajectories: Sequence[AnyTrajectory]) -> dict[str, list[bool]]:
     by_task: dict[str, list[bool]] = defaultdict(list)
     for t in trajectories:
         by_task[t.task.task_id].append(t.success)
     return by_task
 
 
-def _per_task_score(trajectories: Sequence[Trajectory]) -> dict[str, list[float]] | None:
+def _per_task_score(trajectories: Sequence[AnyTrajectory]) -> dict[str, list[float]] | None:
     """task_id -> raw scores, or None when no trajectory comes from an env with a raw score.
     A WebShop episode without a reported score (e.g. an env error before any step) counts 0."""
     if not any(rollout_profile(t.task.env).reports_task_score or t.task_score is not None for t in trajectories):
@@ -134,7 +134,7 @@ def _avg_and_pass(by_task: dict[str, list[bool]], k: int) -> tuple[float, float,
 
 
 def summarize_eval(
-    trajectories: Sequence[Trajectory], *, label: str, split: str, k: int, temperature: float
+    trajectories: Sequence[AnyTrajectory], *, label: str, split: str, k: int, temperature: float
 ) -> EvalResult:
     """Summarise k samples per task. Every task must appear exactly k times."""
     by_task = _per_task(trajectories)
@@ -177,10 +177,10 @@ def summarize_eval(
     )
 
 
-def response_health(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+def response_health(trajectories: Sequence[AnyTrajectory]) -> dict[str, float]:
     """Mean response length (tokens per turn) and mean repeated-4-gram ratio per turn, from the
     exact response token ids the engine sampled; both 0 without turns."""
     turns = [turn for t in trajectories for turn in t.turns]
     n = max(len(turns), 1)
-    return {"response_len_mean": sum(len(x.response_ids) for x in turns) / n,
-            "rep4gram_ratio": sum(repeated_ngram_ratio(x.response_ids) for x in turns) / n}
+    return {"response_len_mean": sum(x.num_response_tokens for x in turns) / n,
+            "rep4gram_ratio": sum(rep4gram_ratio(x) for x in turns) / n}

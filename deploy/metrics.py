@@ -14,12 +14,12 @@ from pydantic import BaseModel
 
 from deploy.evaluation import EvalResult
 from deploy.trackers import Tracker, make_trackers
-from learner.metrics import repeated_ngram_ratio
 from rollout_workers.env_profiles import rollout_profile
-from rollout_workers.types import Trajectory
+from rollout_workers.summaries import rep4gram_ratio
+from rollout_workers.types import AnyTrajectory, Trajectory
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+def rollout_metrics(trajectories: Sequence[AnyTrajectory]) -> dict[str, float]:
     """On-policy rollout health: success, reward, response length, repetition, failure modes.
 
     For episodes of an env that reports a raw task score, also its `task_score_metric`
@@ -43,11 +43,11 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "episodes": float(len(trajectories)),
         "turns": float(len(turns)),
         "episode_len_mean": len(turns) / n_ep,
-        "response_len_mean": sum(len(x.response_ids) for x in turns) / n_turns,
-        "rep4gram_ratio": sum(repeated_ngram_ratio(x.response_ids) for x in turns) / n_turns,
+        "response_len_mean": sum(x.num_response_tokens for x in turns) / n_turns,
+        "rep4gram_ratio": sum(rep4gram_ratio(x) for x in turns) / n_turns,
         "invalid_action_rate": sum(not x.action_valid for x in turns) / n_turns,
-        "tokens_generated": float(sum(len(x.response_ids) for x in turns)),
-        "tokens_prompt": float(sum(len(x.prompt_ids) for x in turns)),
+        "tokens_generated": float(sum(x.num_response_tokens for x in turns)),
+        "tokens_prompt": float(sum(x.num_prompt_tokens for x in turns)),
         "episodes_env_error": float(reasons.get("env_error", 0)),
         "episodes_prompt_too_long": float(reasons.get("prompt_too_long", 0)),
         **extra,

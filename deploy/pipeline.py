@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envs.types import TaskSpec
-from rollout_workers.types import RolloutStats, Trajectory
+from rollout_workers.types import AnyTrajectory, RolloutStats, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ class Collector(Protocol):
         """Put the collect calls in the workers' queues; returns a handle for `wait_collect`."""
         ...
 
-    def wait_collect(self, pending: Any) -> tuple[list[Trajectory], RolloutStats]:
-        """The results of a submitted collect (re-running the chunks of a worker that died)."""
+    def wait_collect(self, pending: Any) -> tuple[list[AnyTrajectory], RolloutStats]:
+        """The episodes (summaries) of a submitted collect (re-running the chunks of a worker that died)."""
         ...
 
     def wait_finished(self, pending: Any) -> None:
@@ -42,7 +42,7 @@ class StalenessExceeded(RuntimeError):
     """A batch is older than rollout.max_staleness policy versions (the pipeline's bound broke)."""
 
 
-def batch_staleness(trajectories: Sequence[Trajectory], learner_version: int) -> tuple[float, int]:
+def batch_staleness(trajectories: Sequence[AnyTrajectory], learner_version: int) -> tuple[float, int]:
     """(mean, max) over the episodes of `learner_version - t.policy_version`: how many updates the
     learner made since the weights that sampled each episode (the version its engine held)."""
     if not trajectories:
@@ -51,7 +51,7 @@ def batch_staleness(trajectories: Sequence[Trajectory], learner_version: int) ->
     return sum(ages) / len(ages), max(ages)
 
 
-def check_staleness(trajectories: Sequence[Trajectory], learner_version: int, max_staleness: int,
+def check_staleness(trajectories: Sequence[AnyTrajectory], learner_version: int, max_staleness: int,
                     step: int) -> tuple[float, int]:
     """`batch_staleness`, raising StalenessExceeded when the oldest episode is more than
     `max_staleness` versions behind the learner (the schedule makes that impossible: a bug)."""
@@ -95,7 +95,8 @@ class Collected:
     """A finished rollout as the step that trains on it sees it."""
 
     step: int
-    trajectories: list[Trajectory]
+    trajectories: list[AnyTrajectory]
+    """The episodes' summaries (whole trajectories from a collector that keeps no refs)."""
     stats: RolloutStats
     wait_s: float
     """Seconds the driver (hence the learner) blocked waiting for it."""
@@ -103,8 +104,18 @@ class Collected:
     seconds: dict[str, float]
     extra: dict[str, float]
     refs: list[Any] = field(default_factory=list)
-    """Where the trajectories live in the object store (the learners fetch them from there,
-    `deploy.step_rows`); empty when the collector keeps none (a fake in tests)."""
+    """Where the episodes' summaries and token packs live in the object store (the learners fetch
+    them from there, `deploy.step_rows`); empty when the collector keeps none (a fake in tests,
+    whose `trajectories` are whole)."""
+
+    def with_tokens(self, episodes: Sequence[AnyTrajectory]) -> list[Trajectory]:
+        """`episodes` (of this rollout) whole: their token packs fetched from the object store and
+        joined, or as they are when the collector returned whole trajectories."""
+        if not self.refs:
+            return list(episodes)
+        from deploy.step_rows import with_tokens
+
+        return with_tokens(episodes, self.refs)
 
 
 class RolloutPipeline:

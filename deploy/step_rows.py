@@ -1,11 +1,13 @@
 """A step's training data by reference: the learner ranks fetch the step's trajectories from the
 Ray object store themselves and build the rows there (`StepRows.rows`), so the driver never
-builds, pickles or ships a training row (docs/architecture.md "Who holds which bytes").
+fetches a token array nor builds, pickles or ships a training row (docs/architecture.md "Who holds
+which bytes").
 
-The driver decides on what it has: which episodes are learnt from (`played`: the infrastructure-
-failure split), the SMRC-SD teacher prompts (built by its router, keyed by (traj_id, turn)) and
-the discount; the refs are those the rollout workers' results already live under (the collect
-calls' return values, `unpack`).
+Each collect call of the rollout workers leaves two objects (`RolloutWorker.collect_apart`): the
+episodes' summaries (what the driver decides on) and their token pack (what only the learners
+read). The driver decides on the summaries: which episodes are learnt from (`played`: the
+infrastructure-failure split), the SMRC-SD teacher prompts (built by its router, keyed by
+(traj_id, turn)) and the discount; the learners `join` the two back into trajectories.
 """
 
 from __future__ import annotations
@@ -17,23 +19,35 @@ from typing import Any
 
 from learner.batch import rows_from_trajectories
 from learner.types import TrainRow
+from rollout_workers.summaries import join
 from rollout_workers.task_source import in_task_order
-from rollout_workers.types import TokenIds, Trajectory, as_token_ids
+from rollout_workers.types import TokenIds, Trajectory, TrajectorySummary, as_token_ids
+
+StoredResult = tuple[Any, Any]
+"""The object refs of one collect call's result: (its summaries and stats, its token pack)."""
 
 
-def unpack(values: Sequence[Any]) -> list[Trajectory]:
-    """The step's trajectories in step order from its stored results: a static collect's calls
-    return (trajectories, stats), in order; a dynamic collect's return ({unit index: group}, stats),
-    in any order (`deploy.dispatch`)."""
+def unpack(values: Sequence[Any]) -> list[TrajectorySummary]:
+    """The step's episodes in step order from its calls' first return values: a static collect's
+    calls return (summaries, stats), in order; a dynamic collect's return ({unit index: group},
+    stats), in any order (`deploy.dispatch`)."""
     if values and isinstance(values[0][0], dict):
         return in_task_order({i: g for groups, _ in values for i, g in groups.items()})
     return [t for trajectories, _ in values for t in trajectories]
 
 
+def with_tokens(summaries: Sequence[TrajectorySummary], refs: Sequence[StoredResult]) -> list[Trajectory]:
+    """The full trajectories of `summaries` (in their order): their token packs fetched from the
+    object store and joined (`rollout_workers.summaries.join`)."""
+    import ray
+
+    return join(summaries, ray.get([pack for _, pack in refs])) if summaries else []
+
+
 @dataclass(frozen=True)
 class StepRows:
-    refs: tuple[Any, ...]
-    """Object refs of the step's results, in the step's trajectory order."""
+    refs: tuple[StoredResult, ...]
+    """Object refs of the step's collect results, in the step's trajectory order."""
     played: frozenset[str]
     """traj_ids to learn from (infrastructure failures are left out)."""
     teacher_prompts: Mapping[tuple[str, int], TokenIds] = field(default_factory=dict)
@@ -42,17 +56,17 @@ class StepRows:
     """When set, rank 0 writes every trajectory of the step there as JSONL (`run.save_trajectories`)."""
 
     @classmethod
-    def of(cls, refs: Sequence[Any], played: Sequence[Trajectory], teacher_prompts: Mapping[tuple[str, int], Any]
+    def of(cls, refs: Sequence[StoredResult], played: Sequence[TrajectorySummary], teacher_prompts: Mapping[tuple[str, int], Any]
            | None, *, gamma: float, archive: str | Path | None = None) -> StepRows:
         prompts = {k: as_token_ids(v) for k, v in (teacher_prompts or {}).items()}
         return cls(tuple(refs), frozenset(t.traj_id for t in played), prompts, gamma,
                    None if archive is None else str(archive))
 
     def trajectories(self) -> list[Trajectory]:
-        """Every trajectory of the step (fetched from the object store)."""
+        """Every trajectory of the step (its summaries and token packs fetched from the object store)."""
         import ray
 
-        return unpack(ray.get(list(self.refs)))
+        return with_tokens(unpack(ray.get([summaries for summaries, _ in self.refs])), self.refs)
 
     def rows(self, trajectories: Sequence[Trajectory]) -> list[TrainRow]:
         """The training rows of the played episodes (`learner.batch.rows_from_trajectories`)."""

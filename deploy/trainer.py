@@ -33,7 +33,7 @@ from envs.tasks import eval_tasks, sample_tasks, task_list
 from learner.batch import rows_from_trajectories
 from learner.checkpoint import prune_checkpoints
 from learner.types import StepMetrics
-from rollout_workers.types import Trajectory, split_infrastructure_failures
+from rollout_workers.types import AnyTrajectory, Trajectory, split_infrastructure_failures
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def run_evaluation(cluster: Cluster, cfg: TrainConfig, *, label: str, policy_ver
     shown = skills.retrieve(tasks, evaluation=True) if skills is not None else None
     with Console(stderr=True).status(f"evaluating {label}: {len(tasks)} {split} tasks x {cfg.eval.k} samples"):
         trajs, _ = cluster.collect(tasks, group_size=cfg.eval.k, policy_version=policy_version,
-                                   temperature=cfg.eval.temperature, skill_texts=shown)
+                                   temperature=cfg.eval.temperature, skill_texts=shown, tokens=False)
     return summarize_eval(trajs, label=label, split=split, k=cfg.eval.k,
                           temperature=cfg.eval.temperature)
 
@@ -182,8 +182,8 @@ class Trainer:
         stale = check_staleness(played, self.state.policy_version, self.cfg.rollout.max_staleness, step)
         sync_wait = 0.0
         if rows:  # every episode can end before its first turn (env errors): then no update
-            prop_rows, align = self.skills.learner_inputs(proposals, self.driver_rows(played, routed)) if proposals \
-                else ([], [])
+            prop_rows, align = self.skills.learner_inputs(proposals, self.driver_rows(batch.with_tokens(played), routed)) \
+                if proposals else ([], [])
             with timer("learn"):
                 self.cluster.phases.train()  # colocated: engines asleep, the learner's state back on the devices
                 metrics = self.cluster.train(rows, prop_rows, align,
@@ -219,16 +219,16 @@ class Trainer:
                 "temperature": self.cfg.rollout.temperature, "skill_texts": shown, "seconds": timer.seconds,
                 "extra": extra}
 
-    def training_data(self, batch: Collected, played: list[Trajectory], routed: RoutingResult,
+    def training_data(self, batch: Collected, played: list[AnyTrajectory], routed: RoutingResult,
                       step: int) -> StepRows | list:
         """What the learners train on: the step's trajectories by reference (each rank fetches
         them and builds the rows, `deploy.step_rows`; rank 0 archives them), or rows built here when
         the collector keeps no refs. Empty (falsy) when no played episode has a turn to learn from;
         the step's archive is then written here."""
         archive = self.sink.trajectories_path(step) if self.cfg.run.save_trajectories else None
-        if not any(turn.response_ids for t in played for turn in t.turns):
+        if not any(turn.num_response_tokens for t in played for turn in t.turns):
             if archive is not None:
-                self.sink.save_trajectories(step, batch.trajectories)
+                self.sink.save_trajectories(step, batch.with_tokens(batch.trajectories))
             return []
         if not batch.refs:
             if archive is not None:
@@ -238,7 +238,8 @@ class Trainer:
                            archive=archive)
 
     def driver_rows(self, played: list[Trajectory], routed: RoutingResult) -> list:
-        """The step's rows built on the driver (UniSkill's R_align requests read them)."""
+        """The step's rows built on the driver from whole trajectories (UniSkill's R_align requests
+        read them; the only stage that fetches the step's token arrays to the driver)."""
         return rows_from_trajectories(played, routed.teacher_prompts or None, gamma=self.cfg.learner.gigpo_gamma)
 
     def _may_prefetch(self, step: int) -> bool:
@@ -247,7 +248,7 @@ class Trainer:
                             eval_every=run.eval_every, checkpoint_every=run.checkpoint_every)
 
     @staticmethod
-    def exclude_infrastructure_failures(trajectories: list[Trajectory], step: int) -> list[Trajectory]:
+    def exclude_infrastructure_failures(trajectories: list[AnyTrajectory], step: int) -> list[AnyTrajectory]:
         """Episodes the env crashed under or whose prompt outgrew the budget say nothing about the
         policy: they leave the groups, the references and the proposal candidates (counted in
         `episodes_env_error` / `episodes_prompt_too_long` and archived with the step); each is
@@ -263,7 +264,7 @@ class Trainer:
         return getattr(getattr(self.skills, "bank", None), "handle", None)
 
     # ---- method stages (plain GRPO: no-ops) ------------------------------------------------
-    def route(self, trajectories: list[Trajectory], step: int) -> RoutingResult:
+    def route(self, trajectories: list[AnyTrajectory], step: int) -> RoutingResult:
         """Step 3 (SMRC-SD and its baselines): references, turn matching, teacher prompts."""
         return self.router(trajectories, step=step) if self.router is not None else RoutingResult()
 
@@ -271,7 +272,7 @@ class Trainer:
         """UniSkill step 1: the skill each task's actor prompts show (None: no skill slot)."""
         return self.skills.retrieve(tasks) if self.skills is not None else None
 
-    def propose_skills(self, trajectories: list[Trajectory], step: int) -> ProposalBatch | None:
+    def propose_skills(self, trajectories: list[AnyTrajectory], step: int) -> ProposalBatch | None:
         """UniSkill step 4: candidates, proposer prompts, proposals (pre-update weights), critic."""
         return self.skills.propose(trajectories, step=step) if self.skills is not None else None
 

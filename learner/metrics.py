@@ -1,28 +1,20 @@
 """Bookkeeping for `LearnerWorker.train_step`: stage timing, per-rank sums, the StepMetrics, and
-the text health metric `repeated_ngram_ratio` (also used by `deploy.metrics` on rollouts)."""
+the text health metric of the trained responses (`envs.health.repeated_ngram_ratio`)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from envs.health import repeated_ngram_ratio
 from learner.algos import kl_penalty
 from learner.mismatch import mismatch_abs_max, mismatch_sums
 from learner.types import StageSeconds, StepMetrics, TokenBatch
-
-
-def repeated_ngram_ratio(token_ids: Sequence[int], *, n: int = 4) -> float:
-    """Share of a response's n-grams that repeat an earlier n-gram of the same response:
-    (count - distinct) / count, 0 when the response has fewer than n tokens (SMRC-SD's
-    "repeated 4-gram ratio" health metric)."""
-    ids = tuple(token_ids)  # one conversion (arrays slice slowly one window at a time)
-    grams = list(zip(*(ids[k:] for k in range(n))))  # the n-grams, built in C
-    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""`Episode`: a finished `Trajectory` as the training stages read it, one view for all of them:
-routing (`routing.reference.RoutableTrajectory`, the matchers' `RouteTrace`, the teacher's state
-summary and reference observations) and UniSkill's candidate selection
-(`rollout_workers.proposer.GroupMember`). Read-only; the env's tracker comes from
+"""`Episode`: a finished trajectory (whole, or the summary a run's driver holds) as the training
+stages read it, one view for all of them: routing (`routing.reference.RoutableTrajectory`, the
+matchers' `RouteTrace`, the teacher's state summary and reference observations) and UniSkill's
+candidate selection (`rollout_workers.proposer.GroupMember`). Read-only; the env's tracker comes from
 `routing.trackers`, its prompt view from `rollout_workers.env_profiles`.
 
 The live episode the rollout loop mutates turn by turn is a different thing (`loop._LiveEpisode`).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollout_workers.env_profiles import rollout_profile
-from rollout_workers.types import Trajectory
+from rollout_workers.types import AnyTrajectory
 from routing.matching import RouteTrace
 from routing.trackers import tracker_profile
 from routing.types import TrackedEpisode
@@ -23,7 +23,7 @@ class Episode:
     """Executed actions, the observation before each of them plus the final one, and the ids and
     outcome routing and candidate selection group and pair trajectories by."""
 
-    traj: Trajectory
+    traj: AnyTrajectory
 
     @property
     def task_id(self) -> str:

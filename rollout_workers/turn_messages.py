@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from envs.types import TaskSpec
 from rollout_workers.config import RolloutConfig
 from rollout_workers.env_profiles import rollout_profile
-from rollout_workers.types import Trajectory
+from rollout_workers.types import AnyTrajectory
 
 
 def task_text(task: TaskSpec, reset_observation: str) -> str:
@@ -38,7 +38,7 @@ def render_message(
 
 
 def recorded_turn_message(
-    traj: Trajectory,
+    traj: AnyTrajectory,
     t: int,
     rollout: RolloutConfig,
     *,

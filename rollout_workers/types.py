@@ -12,6 +12,10 @@ are the engine's log-probabilities of those ids under the distribution they were
 (the constrained distribution when `allowed_token_ids` is set). Nothing downstream re-tokenises
 decoded text.
 
+A run's driver never holds the arrays: a rollout worker hands it each episode as a
+`TrajectorySummary` (the turns' text and token counts) and leaves the arrays in the object store as
+a `TokenPack`, which the learners join back into `Trajectory`s (`rollout_workers.summaries`).
+
 Archived trajectories stay loadable: keys of fields these contracts no longer carry (a turn's
 `signature` and `skill_ids`, a trajectory's `skill_bank_version`) are dropped when a JSON record is
 validated; any other unknown key is still an error.
@@ -20,7 +24,8 @@ validated; any other unknown key is still an error.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, model_validator
@@ -137,19 +142,9 @@ def _drop_retired(data: Any, keys: tuple[str, ...]) -> Any:
     return data
 
 
-class Turn(_Frozen):
-    """One environment step = one training row.
+class _TurnText(_Frozen):
+    """What a turn holds besides its token arrays (`Turn`, `TurnSummary`)."""
 
-    Invariants: len(sampler_logprobs) == len(response_ids); when `allowed_token_ids` is not None
-    it has one entry per response id, each entry holding that id.
-    `observation` is the environment's text BEFORE this turn's action (what the prompt showed);
-    `next_observation` is the env's answer to the action.
-    """
-
-    prompt_ids: TokenIdArray
-    response_ids: TokenIdArray
-    sampler_logprobs: LogProbArray
-    allowed_token_ids: tuple[tuple[int, ...], ...] | None = None
     response_text: str
     action: str | None = Field(description="parsed action inside the tags; None if unparseable")
     env_action: str = Field(default="", description="exactly what the env received (the prompt history shows it)")
@@ -166,6 +161,21 @@ class Turn(_Frozen):
     def _retired_keys(cls, data: Any) -> Any:
         return _drop_retired(data, ("signature", "skill_ids"))
 
+
+class Turn(_TurnText):
+    """One environment step = one training row.
+
+    Invariants: len(sampler_logprobs) == len(response_ids); when `allowed_token_ids` is not None
+    it has one entry per response id, each entry holding that id.
+    `observation` is the environment's text BEFORE this turn's action (what the prompt showed);
+    `next_observation` is the env's answer to the action.
+    """
+
+    prompt_ids: TokenIdArray
+    response_ids: TokenIdArray
+    sampler_logprobs: LogProbArray
+    allowed_token_ids: tuple[tuple[int, ...], ...] | None = None
+
     @model_validator(mode="after")
     def _aligned(self) -> Turn:
         if len(self.sampler_logprobs) != len(self.response_ids):
@@ -177,14 +187,30 @@ class Turn(_Frozen):
             raise ValueError("allowed_token_ids must have one entry per response id")
         return self
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
-class Trajectory(_Frozen):
-    """One episode. `group_id` is shared by the G rollouts of one task (same seed)."""
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_ids)
+
+
+class TurnSummary(_TurnText):
+    """A turn without its token arrays (what the driver decides on: docs/architecture.md "Who holds
+    which bytes"); its token counts and repeated 4-gram ratio are measured by the rollout worker."""
+
+    num_prompt_tokens: int
+    num_response_tokens: int
+    rep4gram_ratio: float
+
+
+class _EpisodeFields(_Frozen):
+    """What an episode holds besides its turns (`Trajectory`, `TrajectorySummary`)."""
 
     task: TaskSpec
     group_id: str
     traj_id: str
-    turns: tuple[Turn, ...]
     success: bool
     score: float = Field(description="episode reward (ALFWorld: reward_scale x won)")
     task_score: float | None = Field(
@@ -210,47 +236,105 @@ class Trajectory(_Frozen):
         """The episode ended because of the system, not the policy (`INFRASTRUCTURE_FAILURES`)."""
         return self.end_reason in INFRASTRUCTURE_FAILURES
 
+
+class Trajectory(_EpisodeFields):
+    """One episode. `group_id` is shared by the G rollouts of one task (same seed)."""
+
+    turns: tuple[Turn, ...]
+
     def __reduce__(self):
         """Pickled with the token arrays of all its turns packed into three contiguous buffers (Ray
         ships each buffer out of band, and a buffer costs about as much to map as to copy a turn's
         ids): unpickling slices them into the turns' arrays without a copy and without validation."""
-        turns = self.turns
-        arrays = [np.concatenate([getattr(t, name).array for t in turns]) if turns else np.zeros(0, dtype)
-                  for name, dtype in zip(_TURN_ARRAYS, (np.int32, np.int32, np.float64))]
-        lengths = np.array([[len(t.prompt_ids), len(t.response_ids)] for t in turns], dtype=np.int64).reshape(-1, 2)
         turn_fields = [({k: v for k, v in t.__dict__.items() if k not in _TURN_ARRAYS}, t.__pydantic_fields_set__)
-                       for t in turns]
+                       for t in self.turns]
         fields = {k: v for k, v in self.__dict__.items() if k != "turns"}
-        return _unpack_trajectory, (fields, self.__pydantic_fields_set__, turn_fields, lengths, *arrays)
+        return _unpack_trajectory, (fields, self.__pydantic_fields_set__, turn_fields, *_packed(self.turns))
 
+
+class TrajectorySummary(_EpisodeFields):
+    """An episode without its turns' token arrays: what the rollout workers hand the driver (ids,
+    group, score, end reason, the turns' text for routing, token counts for metrics), while the
+    arrays stay in the object store as a `TokenPack` that only the learners fetch
+    (`rollout_workers.summaries.join`)."""
+
+    turns: tuple[TurnSummary, ...]
+
+
+AnyTrajectory = Trajectory | TrajectorySummary
+"""An episode as the driver's stages read it: its summary (a run's), or whole (tools, tests); both
+hold the ids, scores, end reason, turns' text and token counts."""
 
 _TURN_ARRAYS = ("prompt_ids", "response_ids", "sampler_logprobs")
+
+
+def _packed(turns: Sequence[Turn]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths: (turns, 2) prompt and response tokens, prompts, responses, logprobs): the turns'
+    arrays, each concatenated in turn order."""
+    arrays = [np.concatenate([getattr(t, name).array for t in turns]) if turns else np.zeros(0, dtype)
+              for name, dtype in zip(_TURN_ARRAYS, (np.int32, np.int32, np.float64))]
+    lengths = np.array([[len(t.prompt_ids), len(t.response_ids)] for t in turns], dtype=np.int64).reshape(-1, 2)
+    return lengths, *arrays
+
+
+def _sliced(lengths: np.ndarray, prompts: np.ndarray, responses: np.ndarray,
+            logprobs: np.ndarray) -> Iterator[dict[str, _Array]]:
+    """`_packed`'s inverse: per turn, its arrays as read-only views of the buffers (no copy)."""
+    for a in (prompts, responses, logprobs):
+        if a.flags.writeable:
+            a.setflags(write=False)
+    p_end, r_end = np.cumsum(lengths[:, 0]).tolist(), np.cumsum(lengths[:, 1]).tolist()
+    p0 = r0 = 0
+    for p1, r1 in zip(p_end, r_end):
+        yield {"prompt_ids": TokenIds(prompts[p0:p1]), "response_ids": TokenIds(responses[r0:r1]),
+               "sampler_logprobs": LogProbs(logprobs[r0:r1])}
+        p0, r0 = p1, r1
 
 
 def _unpack_trajectory(fields: dict, fields_set: set, turn_fields: list, lengths: np.ndarray, prompts: np.ndarray,
                        responses: np.ndarray, logprobs: np.ndarray) -> Trajectory:
     """`Trajectory.__reduce__`'s inverse: the turns' arrays are read-only views of the packed buffers."""
-    for a in (prompts, responses, logprobs):
-        if a.flags.writeable:
-            a.setflags(write=False)
-    p_end, r_end = np.cumsum(lengths[:, 0]).tolist(), np.cumsum(lengths[:, 1]).tolist()
-    turns, p0, r0 = [], 0, 0
-    for (values, turn_set), p1, r1 in zip(turn_fields, p_end, r_end, strict=True):
-        turns.append(Turn.model_construct(turn_set, **values, prompt_ids=TokenIds(prompts[p0:p1]),
-                                          response_ids=TokenIds(responses[r0:r1]),
-                                          sampler_logprobs=LogProbs(logprobs[r0:r1])))
-        p0, r0 = p1, r1
+    turns = [Turn.model_construct(turn_set, **values, **arrays)
+             for (values, turn_set), arrays in zip(turn_fields, _sliced(lengths, prompts, responses, logprobs),
+                                                   strict=True)]
     return Trajectory.model_construct(fields_set, **fields, turns=tuple(turns))
 
+
+@dataclass(frozen=True)
+class TokenPack:
+    """The token arrays of some trajectories' turns (a collect call's), packed into three contiguous
+    buffers in turn order (Ray ships them out of band), with the constrained-decoding masks."""
+
+    traj_ids: tuple[str, ...]
+    turn_counts: tuple[int, ...]
+    lengths: np.ndarray
+    prompts: np.ndarray
+    responses: np.ndarray
+    logprobs: np.ndarray
+    allowed: tuple[tuple[tuple[int, ...], ...] | None, ...]
+    """Per turn: its `allowed_token_ids` (None: unconstrained)."""
+
+    @classmethod
+    def of(cls, trajectories: Sequence[Trajectory]) -> TokenPack:
+        turns = [turn for t in trajectories for turn in t.turns]
+        return cls(tuple(t.traj_id for t in trajectories), tuple(len(t.turns) for t in trajectories),
+                   *_packed(turns), tuple(turn.allowed_token_ids for turn in turns))
+
+    def by_trajectory(self) -> dict[str, list[dict[str, Any]]]:
+        """traj_id -> its turns' token fields (views of the buffers)."""
+        turns = iter(dict(arrays, allowed_token_ids=allowed) for arrays, allowed in
+                     zip(_sliced(self.lengths, self.prompts, self.responses, self.logprobs), self.allowed, strict=True))
+        return {tid: [next(turns) for _ in range(n)] for tid, n in zip(self.traj_ids, self.turn_counts, strict=True)}
+
+
+_E = TypeVar("_E", Trajectory, TrajectorySummary)
 
 INFRASTRUCTURE_FAILURES: frozenset[EndReason] = frozenset({"env_error", "prompt_too_long"})
 """End reasons that say nothing about the policy: the env crashed, or the next prompt could not be
 shown. Such episodes are never trained on as failures (`split_infrastructure_failures`)."""
 
 
-def split_infrastructure_failures(
-    trajectories: Sequence[Trajectory],
-) -> tuple[list[Trajectory], list[Trajectory]]:
+def split_infrastructure_failures(trajectories: Sequence[_E]) -> tuple[list[_E], list[_E]]:
     """(episodes to learn from, infrastructure failures): the one rule GRPO groups, SMRC-SD
     references and UniSkill candidates share. A group that loses members keeps the rest (its
     statistics are over the episodes the policy really played)."""

@@ -25,14 +25,16 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from envs.types import TaskSpec
 from rollout_workers.config import EngineConfig, RolloutConfig
 from rollout_workers.engines.base import derive_seed
 from rollout_workers.engines.registry import make_async_engine, make_engine
 from rollout_workers.loop import EnvPoolClient, run_episodes
+from rollout_workers.summaries import summarize, summary
 from rollout_workers.task_source import TaskSource
-from rollout_workers.types import Generation, RolloutStats, Trajectory
+from rollout_workers.types import Generation, RolloutStats, TokenPack, Trajectory, TrajectorySummary
 from weightsync.adapter import AdapterSpec, is_adapter_files
 from weightsync.group import GroupSpec
 
@@ -143,6 +145,22 @@ class RolloutWorker:
                 self._engine.async_engine, self._pools, source, group_size=group_size, policy_version=version,
                 cfg=self._cfg, temperature=self._cfg.temperature if temperature is None else temperature,
                 skill_texts=skill_texts))
+
+    def collect_apart(self, tasks: list[TaskSpec], **kwargs: Any) -> tuple[tuple[list[TrajectorySummary], RolloutStats],
+                                                                          TokenPack]:
+        """`collect` for a training step, its result as two objects (call it with
+        `.options(num_returns=2)`): the summaries and stats the driver decides on, and the token
+        arrays that only the learners fetch (`rollout_workers.summaries.summarize`)."""
+        trajectories, stats = self.collect(tasks, **kwargs)
+        summaries, pack = summarize(trajectories)
+        return (summaries, stats), pack
+
+    def collect_units_apart(self, source: TaskSource, **kwargs: Any) -> tuple[
+            tuple[dict[int, list[TrajectorySummary]], RolloutStats], TokenPack]:
+        """`collect_units` with its result as two objects, as `collect_apart`."""
+        groups, stats = self.collect_units(source, **kwargs)
+        pack = TokenPack.of([t for g in groups.values() for t in g])
+        return ({i: [summary(t) for t in g] for i, g in groups.items()}, stats), pack
 
     def generate_proposals(
         self,

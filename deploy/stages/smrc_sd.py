@@ -41,8 +41,9 @@ from typing import Literal
 from rollout_workers.config import RolloutConfig
 from rollout_workers.episode import Episode
 from rollout_workers.prompts import render_prompt_ids
+from rollout_workers.summaries import trajectory_from_json
 from rollout_workers.turn_messages import recorded_turn_message
-from rollout_workers.types import Trajectory
+from rollout_workers.types import AnyTrajectory
 from routing.matching import DEFAULT_CANDIDATE, CandidateRule, RouteTrace, route
 from routing.reference import SuccessBuffer, select_references
 from routing.skills import build_skill_context, collect_mistakes, condense_workflow
@@ -76,7 +77,7 @@ def skill_block(ep: Episode, ref: Episode, group: Sequence[Episode], *, max_char
     return build_skill_context(condense_workflow(steps(ref)), collect_mistakes(failed), max_chars=max_chars)
 
 
-def with_references(trajectories: Sequence[Trajectory], buffer: SuccessBuffer) -> Iterator[tuple[Episode, Episode | None]]:
+def with_references(trajectories: Sequence[AnyTrajectory], buffer: SuccessBuffer) -> Iterator[tuple[Episode, Episode | None]]:
     """Each trajectory with turns, paired with its reference (None: no other success of its task in
     the group or the buffer), group by group; a group's successes join `buffer` after the group.
     The trainer's rule, shared by the analysis tools so that they audit what training did."""
@@ -124,7 +125,9 @@ class TeacherRouter:
         self.buffer = SuccessBuffer()
 
     def save(self, path: Path) -> None:
-        """The success buffer (references for later steps) as JSONL: part of a checkpoint."""
+        """The success buffer (references for later steps) as JSONL: part of a checkpoint. Its
+        episodes are the summaries the driver routed on (whole trajectories in older checkpoints:
+        both load)."""
         path.write_text("".join(ep.traj.model_dump_json() + "\n" for ep in self.buffer.items()))
 
     def load(self, path: Path) -> None:
@@ -132,9 +135,9 @@ class TeacherRouter:
         if path.exists():
             # split on "\n" only: str.splitlines() also breaks at U+2028 / U+0085, which JSON leaves unescaped
             lines = [line for line in path.read_text().split("\n") if line.strip()]
-            self.buffer.extend(Episode(Trajectory.model_validate_json(line)) for line in lines)
+            self.buffer.extend(Episode(trajectory_from_json(line)) for line in lines)
 
-    def __call__(self, trajectories: Sequence[Trajectory], *, step: int) -> RoutingResult:
+    def __call__(self, trajectories: Sequence[AnyTrajectory], *, step: int) -> RoutingResult:
         rng = random.Random(self.seed * 1_000_003 + step)
         result, counts = RoutingResult(), {f"route/coverage_{m}": 0 for m in self.audit}
         with_reference = total_turns = 0

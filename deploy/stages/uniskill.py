@@ -52,7 +52,7 @@ from rollout_workers.config import RolloutConfig
 from rollout_workers.engines.base import derive_seed
 from rollout_workers.prompts import render_prompt_ids
 from rollout_workers.proposer import ParsedProposal, op_first_token_ids
-from rollout_workers.types import Generation, Trajectory
+from rollout_workers.types import AnyTrajectory, Generation
 from skillbank_service.types import (
     ApplyResult,
     CriticVerdict,
@@ -154,7 +154,7 @@ class ProposalBatch:
 
     step: int
     warmup: bool
-    trajectories: Sequence[Trajectory] = ()
+    trajectories: Sequence[AnyTrajectory] = ()
     prompts: list[ProposerPrompt] = field(default_factory=list)
     gens: list[Generation] = field(default_factory=list)
     parsed: list[ParsedProposal] = field(default_factory=list)
@@ -190,7 +190,7 @@ class UniSkillStage:
             self.skills = skills
         return actor_skill_texts(skills, self.u, evaluation=evaluation)
 
-    def propose(self, trajectories: Sequence[Trajectory], *, step: int) -> ProposalBatch:
+    def propose(self, trajectories: Sequence[AnyTrajectory], *, step: int) -> ProposalBatch:
         """Candidates, proposer prompts, generation (pre-update weights) and parsing; the critic
         after warm-up. Empty when the variant has no proposer."""
         batch = ProposalBatch(step=step, warmup=in_warmup(self.u, step), trajectories=trajectories)

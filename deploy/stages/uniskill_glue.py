@@ -50,7 +50,7 @@ from rollout_workers.proposer import (
     select_candidates,
 )
 from rollout_workers.turn_messages import recorded_turn_message
-from rollout_workers.types import Candidate, Generation, Trajectory, split_infrastructure_failures
+from rollout_workers.types import AnyTrajectory, Candidate, Generation, split_infrastructure_failures
 from skillbank_service.critics import refused_text_verdict
 from skillbank_service.types import (
     CriticRequest,
@@ -108,7 +108,7 @@ def actor_skill_texts(
 # ---- 2. candidates and proposer prompts ---------------------------------------------------------
 
 
-def build_candidates(trajectories: Sequence[Trajectory], rng: random.Random, cfg: UniSkillConfig) -> list[Candidate]:
+def build_candidates(trajectories: Sequence[AnyTrajectory], rng: random.Random, cfg: UniSkillConfig) -> list[Candidate]:
     """Candidates of docs/algorithms.md S3 from the step's groups (a group shares task, seed and
     retrieved skill). Trajectories without turns or ended by an env error take no part."""
     usable = [Episode(t) for t in split_infrastructure_failures(trajectories)[0] if t.turns]
@@ -134,14 +134,14 @@ class ProposerPrompt:
     """The env's instance-specific text pattern (its plugin's vocabulary), for the rule critic."""
 
 
-def trajectory_evidence(traj: Trajectory) -> TrajectoryEvidence:
+def trajectory_evidence(traj: AnyTrajectory) -> TrajectoryEvidence:
     """The trajectory's outcome and its valid env actions, in order."""
     return TrajectoryEvidence(won=traj.success, actions=tuple(t.env_action for t in traj.turns if t.action_valid))
 
 
 def proposer_prompts(
     candidates: Sequence[Candidate],
-    trajectories: Sequence[Trajectory],
+    trajectories: Sequence[AnyTrajectory],
     skills: Mapping[str, Skill | None],
     tokenizer,
     cfg: UniSkillConfig,
@@ -315,7 +315,7 @@ def align_requests(
     prompts: Sequence[ProposerPrompt],
     parsed: Sequence[ParsedProposal],
     index: Mapping[tuple[str, int], int],
-    trajectories: Sequence[Trajectory],
+    trajectories: Sequence[AnyTrajectory],
     tokenizer,
     rollout: RolloutConfig,
     *,

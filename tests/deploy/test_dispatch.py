@@ -17,6 +17,7 @@ from deploy.step_rows import StepRows
 from envs.config import EnvConfig
 from envs.faults import ProcessExitFactory
 from envs.tasks import sample_tasks
+from rollout_workers.summaries import summary
 from rollout_workers.task_source import TaskUnit
 
 ENV = EnvConfig(max_steps=5)
@@ -74,7 +75,8 @@ def test_a_worker_dying_mid_collect_loses_no_group(tmp_path):
         assert len(pending.result_refs()) >= 2  # the calls that returned (the dead worker's did not)
         step = StepRows.of(pending.result_refs(), trajectories[2:], None, gamma=1.0)
         fetched = ray.get(ray.remote(lambda s: s.trajectories()).options(num_cpus=0).remote(step))
-        assert fetched == trajectories
+        assert not hasattr(trajectories[0].turns[0], "response_ids")  # the driver held summaries only
+        assert [summary(t) for t in fetched] == trajectories and all(t.turns[0].response_ids for t in fetched)
         assert len(step.rows(fetched)) == sum(len(t.turns) for t in trajectories[2:] if t.turns)
     finally:
         ray.shutdown()

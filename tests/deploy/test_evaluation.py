@@ -5,7 +5,8 @@ import math
 import pytest
 
 from deploy.evaluation import paired_difference, pass_at_k, summarize_eval
-from deploy.metrics import repeated_ngram_ratio, rollout_metrics
+from deploy.metrics import rollout_metrics
+from envs.health import repeated_ngram_ratio
 from envs.types import TaskSpec
 from rollout_workers.types import Trajectory, Turn
 

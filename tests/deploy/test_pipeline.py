@@ -76,7 +76,7 @@ class FakeCluster:
     def wait_finished(self, pending):
         self.calls.append("wait_finished")
 
-    def collect(self, tasks, **kw):  # evaluation
+    def collect(self, tasks, tokens=True, **kw):  # evaluation (whole trajectories either way)
         self.checks.append(("eval", self.in_flight))
         return self.wait_collect(self.submit_collect(tasks, **kw))
 
