@@ -18,9 +18,10 @@ for the same cores; on a cluster they run on their own nodes.
 
 Sizes default to the shipped GPU config's step (16 tasks x 8 = 128 episodes) at 25 turns of a
 2,500-token prompt and a 200-token response; `--teacher-fraction` gives that share of turns an
-SMRC-SD teacher prompt (the student prompt plus `--teacher-extra` tokens, built by a stand-in for
-the router: the routing rule's own cost is bench/routing_cost.py's), `--allowed-width` gives every
-response position that many allowed ids (constrained decoding).
+SMRC-SD teacher message (text as long as the student prompt plus `--teacher-extra` tokens, written
+by a stand-in for the router: the routing rule's own cost is bench/routing_cost.py's); the learner
+ranks render it to ids with a real BPE tokenizer, as a learner does, and report the seconds.
+`--allowed-width` gives every response position that many allowed ids (constrained decoding).
 
 Writes bench/results/driver_scale.json; the last line is
 `driver per step: 128 ep X.XX s Y.Y GB; 1024 ep Z.ZZ s W.W GB`.
@@ -117,25 +118,39 @@ class SyntheticWorker:
 
 
 class ReceivingLearner:
-    """A learner rank that receives the step's data (fetches it, counts rows) and trains nothing."""
+    """A learner rank that receives the step's data (fetches it, counts rows, renders the teacher
+    messages to prompt ids as a learner does) and trains nothing. The rendering's seconds come back
+    as `learner/logprob_s` (a stage this learner does not have)."""
 
     rank = 0
 
+    def __init__(self, tokenizer_dir: str | None):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = None if tokenizer_dir is None else AutoTokenizer.from_pretrained(tokenizer_dir)
+
     def train_stored(self, step, proposals=(), align=(), *, proposer_warmup=False):
-        """The step by reference (`deploy.step_rows.StepRows`): fetch its trajectories."""
+        """The step by reference (`deploy.step_rows.StepRows`): fetch its trajectories, render its
+        teacher messages (`StepRows.rows` does both before building rows)."""
+        from rollout_workers.prompts import render_prompts
+
         trajectories = step.trajectories()
-        return self._metrics(sum(len(t.turns) for t in trajectories if t.traj_id in step.played))
+        start = time.perf_counter()
+        prompts = render_prompts(self.tokenizer, step.teacher_messages) if step.teacher_messages else {}
+        render_s = time.perf_counter() - start
+        return self._metrics(sum(len(t.turns) for t in trajectories if t.traj_id in step.played), render_s,
+                             sum(len(ids) for ids in prompts.values()))
 
     def train_step(self, rows, proposals=(), align=(), *, proposer_warmup=False):
         return self._metrics(len(list(rows)))
 
-    def _metrics(self, num_rows: int):
+    def _metrics(self, num_rows: int, render_s: float = 0.0, teacher_tokens: int = 0):
         from learner.types import StageSeconds, StepMetrics
 
-        zero = StageSeconds(collate_s=0.0, logprob_s=0.0, advantage_s=0.0, update_s=0.0, total_s=0.0)
+        zero = StageSeconds(collate_s=0.0, logprob_s=render_s, advantage_s=0.0, update_s=0.0, total_s=0.0)
         return StepMetrics(policy_version=0, loss=0.0, pg_loss=0.0, kl_loss=0.0, entropy_loss=0.0, extra_losses={},
                            pg_clipfrac=0.0, pg_clipfrac_lower=0.0, ppo_kl=0.0, kl=0.0, entropy=0.0, grad_norm=0.0,
-                           lr=0.0, num_rows=num_rows, num_tokens=0, num_optimizer_steps=0, score_mean=0.0,
+                           lr=0.0, num_rows=num_rows, num_tokens=teacher_tokens, num_optimizer_steps=0, score_mean=0.0,
                            advantage_abs_mean=0.0, response_length_mean=0.0, rep4gram_ratio=0.0,
                            sampler_logp_abs_diff=0.0, seconds=zero)
 
@@ -151,30 +166,50 @@ class _Pool:
         return self.envs
 
 
+WORDS = ("you", "are", "in", "the", "middle", "of", "a", "room", "looking", "around", "see", "desk", "drawer",
+         "shelf", "go", "to", "take", "put", "open", "close", "mug", "from", "on", "1", "2", "3", "nothing", "happens")
+CHARS_PER_TOKEN = 4
+"""A teacher message's length in characters per student prompt token (English text under a BPE)."""
+
+
 class _Router:
-    """Stand-in for the SMRC-SD router: a teacher prompt (as long as the student's plus `extra` ids,
-    seeded random ids where the router renders text through the tokenizer) for a fixed share of the
-    turns, chosen by a seeded hash. It reads what the router reads: the episodes' summaries."""
+    """Stand-in for the SMRC-SD router: a teacher message (seeded words, as long in characters as
+    the student's prompt plus `extra` tokens of text) for a fixed share of the turns, chosen by a
+    seeded hash. It reads what the router reads: the episodes' summaries; like the router, it
+    writes text and leaves the tokenizer to the learners. The routing rule's own cost is
+    bench/routing_cost.py's."""
 
     def __init__(self, fraction: float, extra: int):
         self.fraction, self.extra = fraction, extra
 
     def __call__(self, trajectories, *, step: int):
+        import random
         import zlib
-
-        import numpy as np
 
         from deploy.stages.smrc_sd import RoutingResult
 
         out = RoutingResult()
         for traj in trajectories:
             for t, turn in enumerate(traj.turns):
-                if zlib.crc32(f"{traj.traj_id}:{t}".encode()) % 1000 < self.fraction * 1000:
-                    rng = np.random.default_rng(zlib.crc32(f"{traj.traj_id}:{t}".encode()))
-                    out.teacher_prompts[(traj.traj_id, t)] = rng.integers(  # a tokenizer's output, as an array
-                        10, 150_000, turn.num_prompt_tokens + self.extra, dtype=np.int32)
-        out.metrics = {"route/teacher_rows": float(len(out.teacher_prompts))}
+                key = zlib.crc32(f"{traj.traj_id}:{t}".encode())
+                if key % 1000 < self.fraction * 1000:
+                    rng, chars, words = random.Random(key), CHARS_PER_TOKEN * (turn.num_prompt_tokens + self.extra), []
+                    while chars > 0:
+                        words.append(rng.choice(WORDS))
+                        chars -= len(words[-1]) + 1
+                    out.teacher_messages[(traj.traj_id, t)] = " ".join(words)
+        out.metrics = {"route/teacher_rows": float(len(out.teacher_messages))}
         return out
+
+
+def teacher_tokenizer(run_dir: Path) -> str:
+    """A real BPE tokenizer with a chat template (the project's tiny model's, trained on the stand-in
+    router's words) for the learners to render teacher messages with."""
+    from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
+
+    tiny = TinyModelConfig(vocab_size=300, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                           intermediate_size=64, max_position_embeddings=64)
+    return str(build_tiny_model(run_dir / "tokenizer", [" ".join(WORDS)] * 50, tiny))
 
 
 # ---- one size, in its own process --------------------------------------------------------------
@@ -198,7 +233,8 @@ def run_one(args: argparse.Namespace, episodes: int) -> dict:
              "allowed_width": args.allowed_width}
     worker_cls = ray.remote(num_cpus=0)(SyntheticWorker)
     workers = [worker_cls.remote(shape, seed=w) for w in range(args.workers)]
-    learners = [ray.remote(num_cpus=0)(ReceivingLearner).remote() for _ in range(args.learners)]
+    tokenizer = teacher_tokenizer(run_dir) if args.teacher_fraction > 0 else None
+    learners = [ray.remote(num_cpus=0)(ReceivingLearner).remote(tokenizer) for _ in range(args.learners)]
     cluster = _BenchCluster(cfg=cfg, pools=[_Pool(10**6)] * args.workers, workers=workers,
                             learner_group=SimpleNamespace(actors=learners))
     trainer = Trainer(cfg, cluster, MetricsSink(run_dir, loggers=()), TrainerState())
@@ -215,7 +251,9 @@ def run_one(args: argparse.Namespace, episodes: int) -> dict:
     stages = {k: round(v, 3) for k, v in record.items() if k.startswith("time/")}
     return {"episodes": episodes, "turns": args.turns * episodes, "tokens": episodes * args.turns *
             (args.prompt_tokens + args.response_tokens), "driver_cpu_s": round(cpu, 3), "driver_wall_s": round(wall, 3),
-            "driver_peak_rss_gb": round(peak / 2**30, 3), "stages": stages}
+            "driver_peak_rss_gb": round(peak / 2**30, 3), "stages": stages,
+            "teacher_rows": int(record.get("route/teacher_rows", 0)), "teacher_prompt_tokens": int(record["num_tokens"]),
+            "learner_render_s": round(record["learner/logprob_s"], 3)}
 
 
 def _timer():
@@ -283,7 +321,9 @@ def main(argv: list[str] | None = None) -> None:
         row = json.loads(res.stdout.strip().splitlines()[-1])
         results.append(row)
         print(f"{n:5d} ep  {row['tokens'] / 1e6:6.1f}M tokens  driver cpu {row['driver_cpu_s']:6.2f} s  "
-              f"wall {row['driver_wall_s']:6.2f} s  peak RSS {row['driver_peak_rss_gb']:5.2f} GB  {row['stages']}",
+              f"wall {row['driver_wall_s']:6.2f} s  peak RSS {row['driver_peak_rss_gb']:5.2f} GB  {row['stages']}"
+              + (f"  teacher rows {row['teacher_rows']}, rendered per learner rank in {row['learner_render_s']:.2f} s"
+                 if row["teacher_rows"] else ""),
               flush=True)
     out = {"label": args.label, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
            "shape": {"turns": args.turns, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,

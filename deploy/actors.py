@@ -134,4 +134,4 @@ class LearnerActor(ColocatedLearner, LearnerWorker):
         trajectories = step.trajectories()
         if self.rank == 0:
             step.write_archive(trajectories)
-        return self.train_step(step.rows(trajectories), proposals, align, proposer_warmup=proposer_warmup)
+        return self.train_step(step.rows(trajectories, self.tokenizer), proposals, align, proposer_warmup=proposer_warmup)

@@ -6,8 +6,9 @@ which bytes").
 Each collect call of the rollout workers leaves two objects (`RolloutWorker.collect_apart`): the
 episodes' summaries (what the driver decides on) and their token pack (what only the learners
 read). The driver decides on the summaries: which episodes are learnt from (`played`: the
-infrastructure-failure split), the SMRC-SD teacher prompts (built by its router, keyed by
-(traj_id, turn)) and the discount; the learners `join` the two back into trajectories.
+infrastructure-failure split), the SMRC-SD teacher messages (written by its router, keyed by
+(traj_id, turn)) and the discount; the learners `join` the two back into trajectories and render
+the teacher messages to prompt ids with their own tokenizer (the model's, as the router's).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import Any
 
 from learner.batch import rows_from_trajectories
 from learner.types import TrainRow
+from rollout_workers.prompts import ChatTokenizer, render_prompts
 from rollout_workers.summaries import join
 from rollout_workers.task_source import in_task_order
-from rollout_workers.types import TokenIds, Trajectory, TrajectorySummary, as_token_ids
+from rollout_workers.types import Trajectory, TrajectorySummary
 
 StoredResult = tuple[Any, Any]
 """The object refs of one collect call's result: (its summaries and stats, its token pack)."""
@@ -50,16 +52,17 @@ class StepRows:
     """Object refs of the step's collect results, in the step's trajectory order."""
     played: frozenset[str]
     """traj_ids to learn from (infrastructure failures are left out)."""
-    teacher_prompts: Mapping[tuple[str, int], TokenIds] = field(default_factory=dict)
+    teacher_messages: Mapping[tuple[str, int], str] = field(default_factory=dict)
+    """(traj_id, turn) -> the teacher's user message (`deploy.stages.smrc_sd.RoutingResult`)."""
     gamma: float = 1.0
     archive: str | None = None
     """When set, rank 0 writes every trajectory of the step there as JSONL (`run.save_trajectories`)."""
 
     @classmethod
-    def of(cls, refs: Sequence[StoredResult], played: Sequence[TrajectorySummary], teacher_prompts: Mapping[tuple[str, int], Any]
-           | None, *, gamma: float, archive: str | Path | None = None) -> StepRows:
-        prompts = {k: as_token_ids(v) for k, v in (teacher_prompts or {}).items()}
-        return cls(tuple(refs), frozenset(t.traj_id for t in played), prompts, gamma,
+    def of(cls, refs: Sequence[StoredResult], played: Sequence[TrajectorySummary],
+           teacher_messages: Mapping[tuple[str, int], str] | None, *, gamma: float,
+           archive: str | Path | None = None) -> StepRows:
+        return cls(tuple(refs), frozenset(t.traj_id for t in played), dict(teacher_messages or {}), gamma,
                    None if archive is None else str(archive))
 
     def trajectories(self) -> list[Trajectory]:
@@ -68,10 +71,14 @@ class StepRows:
 
         return with_tokens(unpack(ray.get([summaries for summaries, _ in self.refs])), self.refs)
 
-    def rows(self, trajectories: Sequence[Trajectory]) -> list[TrainRow]:
-        """The training rows of the played episodes (`learner.batch.rows_from_trajectories`)."""
+    def rows(self, trajectories: Sequence[Trajectory], tokenizer: ChatTokenizer | None = None) -> list[TrainRow]:
+        """The training rows of the played episodes (`learner.batch.rows_from_trajectories`), their
+        teacher messages rendered to prompt ids with `tokenizer` (required when there are any)."""
         played = [t for t in trajectories if t.traj_id in self.played]
-        return rows_from_trajectories(played, self.teacher_prompts or None, gamma=self.gamma)
+        if self.teacher_messages and tokenizer is None:
+            raise ValueError("StepRows.rows: the step has teacher messages; pass the model's tokenizer to render them")
+        prompts = render_prompts(tokenizer, self.teacher_messages) if self.teacher_messages else None
+        return rows_from_trajectories(played, prompts, gamma=self.gamma)
 
     def write_archive(self, trajectories: Sequence[Trajectory]) -> None:
         if self.archive is not None:

@@ -234,7 +234,7 @@ class Trainer:
             if archive is not None:
                 self.sink.save_trajectories(step, batch.trajectories)
             return self.driver_rows(played, routed)
-        return StepRows.of(batch.refs, played, routed.teacher_prompts, gamma=self.cfg.learner.gigpo_gamma,
+        return StepRows.of(batch.refs, played, routed.teacher_messages, gamma=self.cfg.learner.gigpo_gamma,
                            archive=archive)
 
     def driver_rows(self, played: list[Trajectory], routed: RoutingResult) -> list:

@@ -22,10 +22,12 @@ empty / whitespace-only) skill the message is byte-identical to the environment'
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from envs.prompt_pieces import ACTIONS_LINE, HIS_OBS_LINE, NO_HIS_OBS_LINE, PromptPieces
+
+K = TypeVar("K")
 
 
 def split_template(template: str, obs_line: str) -> tuple[str, str, str]:
@@ -161,3 +163,8 @@ def render_prompt_ids(tokenizer: ChatTokenizer, user_message: str) -> list[int]:
         [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
     )
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_prompts(tokenizer: ChatTokenizer, user_messages: Mapping[K, str]) -> dict[K, list[int]]:
+    """`render_prompt_ids` of every message, under the same keys."""
+    return {key: render_prompt_ids(tokenizer, message) for key, message in user_messages.items()}

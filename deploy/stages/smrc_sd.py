@@ -36,11 +36,11 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rollout_workers.config import RolloutConfig
 from rollout_workers.episode import Episode
-from rollout_workers.prompts import render_prompt_ids
+from rollout_workers.prompts import render_prompt_ids, render_prompts
 from rollout_workers.summaries import trajectory_from_json
 from rollout_workers.turn_messages import recorded_turn_message
 from rollout_workers.types import AnyTrajectory
@@ -94,8 +94,17 @@ def with_references(trajectories: Sequence[AnyTrajectory], buffer: SuccessBuffer
 
 @dataclass
 class RoutingResult:
-    teacher_prompts: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    teacher_messages: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(traj_id, turn) -> the teacher's user message of that turn: the student's prompt text with the
+    training-only block. Rendered to ids where the rows are built (`render_prompts`): on the
+    learner ranks, or on the driver for UniSkill's driver-side rows."""
     metrics: dict[str, float] = field(default_factory=dict)
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def teacher_prompts(self) -> dict[tuple[str, int], list[int]]:
+        """The teacher prompts' ids, rendered here with the router's tokenizer."""
+        return render_prompts(self.tokenizer, self.teacher_messages)
 
 
 def choose_turns(rule: TurnRule, decisions: Sequence[RouteDecision], rng: random.Random) -> list[int]:
@@ -139,7 +148,7 @@ class TeacherRouter:
 
     def __call__(self, trajectories: Sequence[AnyTrajectory], *, step: int) -> RoutingResult:
         rng = random.Random(self.seed * 1_000_003 + step)
-        result, counts = RoutingResult(), {f"route/coverage_{m}": 0 for m in self.audit}
+        result, counts = RoutingResult(tokenizer=self.tokenizer), {f"route/coverage_{m}": 0 for m in self.audit}
         with_reference = total_turns = 0
         groups: dict[str, list[Episode]] = {}
         for traj in trajectories if self.skill else ():
@@ -157,24 +166,30 @@ class TeacherRouter:
             if self.skill:
                 block = skill_block(ep, ref, groups[ep.group_id], max_chars=self.max_chars)
                 for t in range(len(ep.traj.turns)) if block else ():  # no workflow to condense: no teacher
-                    result.teacher_prompts[(ep.traj_id, t)] = self._render(ep, t, block)
+                    result.teacher_messages[(ep.traj_id, t)] = self._message(ep, t, block)
                 continue
             for t in choose_turns(self.rule, decisions[self.matcher], rng):
-                result.teacher_prompts[(ep.traj_id, t)] = self._teacher_prompt(ep, t, ref, decisions[self.matcher][t], student)
+                result.teacher_messages[(ep.traj_id, t)] = self._teacher_message(ep, t, ref, decisions[self.matcher][t], student)
         n = max(total_turns, 1)
         result.metrics = {**{k: v / n for k, v in counts.items()}, "route/turns_with_reference": with_reference / n,
-                          "route/teacher_rows": len(result.teacher_prompts) / n}
+                          "route/teacher_rows": len(result.teacher_messages) / n}
         return result
 
-    def _teacher_prompt(self, ep: Episode, t: int, ref: Episode, decision: RouteDecision, student: RouteTrace) -> list[int]:
-        """The student's turn-t prompt with the training-only block before the observation."""
+    def _teacher_message(self, ep: Episode, t: int, ref: Episode, decision: RouteDecision, student: RouteTrace) -> str:
+        """The student's turn-t message with the training-only block before the observation."""
         block = build_teacher_context(
             parts=self.parts, reference_observations=ref.shown_observations(), reference_actions=ref.actions,
             state_fields=ep.state_fields(t, student), candidate_action=decision.candidate_action,
             max_chars=self.max_chars)
-        return self._render(ep, t, block)
+        return self._message(ep, t, block)
+
+    def _teacher_prompt(self, ep: Episode, t: int, ref: Episode, decision: RouteDecision, student: RouteTrace) -> list[int]:
+        """`_teacher_message` rendered to ids (the analysis tools' and testbed's view)."""
+        return render_prompt_ids(self.tokenizer, self._teacher_message(ep, t, ref, decision, student))
 
     def _render(self, ep: Episode, t: int, block: str) -> list[int]:
-        message = recorded_turn_message(ep.traj, t, self.rollout, skill_text=ep.traj.skill_text,
-                                        teacher_context=block or None)
-        return render_prompt_ids(self.tokenizer, message)
+        return render_prompt_ids(self.tokenizer, self._message(ep, t, block))
+
+    def _message(self, ep: Episode, t: int, block: str) -> str:
+        return recorded_turn_message(ep.traj, t, self.rollout, skill_text=ep.traj.skill_text,
+                                     teacher_context=block or None)

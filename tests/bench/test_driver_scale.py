@@ -30,3 +30,6 @@ def test_toy_sizes_report_cpu_wall_and_memory(tmp_path):
         assert row["tokens"] == row["episodes"] * 3 * 48
         assert row["driver_wall_s"] > 0 and row["driver_cpu_s"] > 0 and 0.05 < row["driver_peak_rss_gb"] < 4
         assert "time/rollout_s" in row["stages"] and "time/learn_s" in row["stages"]
+        # half the turns routed; the learner rank rendered every teacher message (>= 40 prompt tokens' text each)
+        assert 0 < row["teacher_rows"] < row["turns"] and row["teacher_prompt_tokens"] >= 40 * row["teacher_rows"]
+        assert row["learner_render_s"] > 0

@@ -7,6 +7,7 @@ import pytest
 
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
 from deploy.stages.smrc_sd import RULES, TeacherRouter, choose_turns
+from deploy.step_rows import StepRows
 from envs.config import EnvConfig
 from envs.pool import EnvPool
 from envs.tasks import eval_tasks
@@ -46,6 +47,21 @@ def test_teacher_prompt_without_context_is_the_student_prompt(episodes):
     assert result.teacher_prompts, "every non-reference trajectory has a reference in its group"
     for (traj_id, t), ids in result.teacher_prompts.items():
         assert ids == list(by_id[traj_id].turns[t].prompt_ids)  # identical rendering path as the loop
+
+
+def test_learner_ranks_render_the_routers_teacher_messages_to_the_same_ids(episodes):
+    """The driver hands the learners text (`StepRows.teacher_messages`); a rank renders it with its
+    own tokenizer (loaded from the model, as the router's) to the ids the router's would give."""
+    from transformers import AutoTokenizer
+
+    trajs, tok = episodes
+    result = _router(tok)(trajs, step=1)
+    step = StepRows(refs=(), played=frozenset(t.traj_id for t in trajs), teacher_messages=result.teacher_messages)
+    rows = step.rows(trajs, AutoTokenizer.from_pretrained(tok.name_or_path))
+    routed = {(r.traj_id, r.step_idx): list(r.teacher_prompt_ids) for r in rows if r.teacher_prompt_ids is not None}
+    assert routed and routed == result.teacher_prompts
+    with pytest.raises(ValueError, match="pass the model's tokenizer"):
+        step.rows(trajs)
 
 
 def test_fullpath_distils_every_turn_of_trajectories_with_a_reference(episodes):
