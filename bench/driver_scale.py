@@ -20,7 +20,8 @@ Sizes default to the shipped GPU config's step (16 tasks x 8 = 128 episodes) at 
 2,500-token prompt and a 200-token response; `--teacher-fraction` gives that share of turns an
 SMRC-SD teacher message (text as long as the student prompt plus `--teacher-extra` tokens, written
 by a stand-in for the router: the routing rule's own cost is bench/routing_cost.py's); the learner
-ranks render it to ids with a real BPE tokenizer, as a learner does, and report the seconds.
+ranks render them to ids with a real BPE tokenizer, each its share, and exchange them over a gloo
+group, as learners do, and report the seconds.
 `--allowed-width` gives every response position that many allowed ids (constrained decoding).
 
 Writes bench/results/driver_scale.json; the last line is
@@ -118,25 +119,31 @@ class SyntheticWorker:
 
 
 class ReceivingLearner:
-    """A learner rank that receives the step's data (fetches it, counts rows, renders the teacher
-    messages to prompt ids as a learner does) and trains nothing. The rendering's seconds come back
-    as `learner/logprob_s` (a stage this learner does not have)."""
+    """A learner rank that receives the step's data (fetches it, counts rows, renders its share of
+    the teacher messages to prompt ids and exchanges them with the other ranks over a gloo group,
+    as a learner does: `deploy.step_rows.shared_render`) and trains nothing. The rendering's
+    seconds come back as `learner/logprob_s` (a stage this learner does not have)."""
 
-    rank = 0
-
-    def __init__(self, tokenizer_dir: str | None):
+    def __init__(self, tokenizer_dir: str | None, rank: int, world_size: int):
         from transformers import AutoTokenizer
 
         self.tokenizer = None if tokenizer_dir is None else AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.rank, self.world_size = rank, world_size
+
+    def join(self, init_method: str) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=init_method, rank=self.rank, world_size=self.world_size)
 
     def train_stored(self, step, proposals=(), align=(), *, proposer_warmup=False):
-        """The step by reference (`deploy.step_rows.StepRows`): fetch its trajectories, render its
+        """The step by reference (`deploy.step_rows.StepRows`): fetch its trajectories, render the
         teacher messages (`StepRows.rows` does both before building rows)."""
-        from rollout_workers.prompts import render_prompts
+        from deploy.step_rows import shared_render
 
         trajectories = step.trajectories()
         start = time.perf_counter()
-        prompts = render_prompts(self.tokenizer, step.teacher_messages) if step.teacher_messages else {}
+        prompts = {} if not step.teacher_messages else shared_render(
+            self.tokenizer, step.teacher_messages, rank=self.rank, world_size=self.world_size)
         render_s = time.perf_counter() - start
         return self._metrics(sum(len(t.turns) for t in trajectories if t.traj_id in step.played), render_s,
                              sum(len(ids) for ids in prompts.values()))
@@ -180,10 +187,13 @@ class _Router:
     bench/routing_cost.py's."""
 
     def __init__(self, fraction: float, extra: int):
+        import random
+
         self.fraction, self.extra = fraction, extra
+        rng = random.Random(0)
+        self.text = " ".join(rng.choice(WORDS) for _ in range(400_000))  # sliced per message: text is cheap to build
 
     def __call__(self, trajectories, *, step: int):
-        import random
         import zlib
 
         from deploy.stages.smrc_sd import RoutingResult
@@ -193,11 +203,9 @@ class _Router:
             for t, turn in enumerate(traj.turns):
                 key = zlib.crc32(f"{traj.traj_id}:{t}".encode())
                 if key % 1000 < self.fraction * 1000:
-                    rng, chars, words = random.Random(key), CHARS_PER_TOKEN * (turn.num_prompt_tokens + self.extra), []
-                    while chars > 0:
-                        words.append(rng.choice(WORDS))
-                        chars -= len(words[-1]) + 1
-                    out.teacher_messages[(traj.traj_id, t)] = " ".join(words)
+                    chars = CHARS_PER_TOKEN * (turn.num_prompt_tokens + self.extra)
+                    start = key % max(1, len(self.text) - chars)
+                    out.teacher_messages[(traj.traj_id, t)] = f"{traj.traj_id} {t}: " + self.text[start:start + chars]
         out.metrics = {"route/teacher_rows": float(len(out.teacher_messages))}
         return out
 
@@ -234,7 +242,8 @@ def run_one(args: argparse.Namespace, episodes: int) -> dict:
     worker_cls = ray.remote(num_cpus=0)(SyntheticWorker)
     workers = [worker_cls.remote(shape, seed=w) for w in range(args.workers)]
     tokenizer = teacher_tokenizer(run_dir) if args.teacher_fraction > 0 else None
-    learners = [ray.remote(num_cpus=0)(ReceivingLearner).remote(tokenizer) for _ in range(args.learners)]
+    learners = [ray.remote(num_cpus=0)(ReceivingLearner).remote(tokenizer, r, args.learners) for r in range(args.learners)]
+    ray.get([a.join.remote(f"file://{run_dir / 'rendezvous'}") for a in learners])
     cluster = _BenchCluster(cfg=cfg, pools=[_Pool(10**6)] * args.workers, workers=workers,
                             learner_group=SimpleNamespace(actors=learners))
     trainer = Trainer(cfg, cluster, MetricsSink(run_dir, loggers=()), TrainerState())
@@ -322,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append(row)
         print(f"{n:5d} ep  {row['tokens'] / 1e6:6.1f}M tokens  driver cpu {row['driver_cpu_s']:6.2f} s  "
               f"wall {row['driver_wall_s']:6.2f} s  peak RSS {row['driver_peak_rss_gb']:5.2f} GB  {row['stages']}"
-              + (f"  teacher rows {row['teacher_rows']}, rendered per learner rank in {row['learner_render_s']:.2f} s"
+              + (f"  teacher rows {row['teacher_rows']}, rendered and exchanged by the learner ranks in {row['learner_render_s']:.2f} s"
                  if row["teacher_rows"] else ""),
               flush=True)
     out = {"label": args.label, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -134,4 +134,5 @@ class LearnerActor(ColocatedLearner, LearnerWorker):
         trajectories = step.trajectories()
         if self.rank == 0:
             step.write_archive(trajectories)
-        return self.train_step(step.rows(trajectories, self.tokenizer), proposals, align, proposer_warmup=proposer_warmup)
+        rows = step.rows(trajectories, self.tokenizer, rank=self.rank, world_size=self.world_size)
+        return self.train_step(rows, proposals, align, proposer_warmup=proposer_warmup)

@@ -16,15 +16,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from learner.batch import rows_from_trajectories
+from learner.collectives import all_gather_objects, distributed
 from learner.types import TrainRow
 from rollout_workers.prompts import ChatTokenizer, render_prompts
 from rollout_workers.summaries import join
 from rollout_workers.task_source import in_task_order
 from rollout_workers.types import Trajectory, TrajectorySummary
 
+K = TypeVar("K")
 StoredResult = tuple[Any, Any]
 """The object refs of one collect call's result: (its summaries and stats, its token pack)."""
 
@@ -71,13 +75,17 @@ class StepRows:
 
         return with_tokens(unpack(ray.get([summaries for summaries, _ in self.refs])), self.refs)
 
-    def rows(self, trajectories: Sequence[Trajectory], tokenizer: ChatTokenizer | None = None) -> list[TrainRow]:
+    def rows(self, trajectories: Sequence[Trajectory], tokenizer: ChatTokenizer | None = None, *, rank: int = 0,
+             world_size: int = 1) -> list[TrainRow]:
         """The training rows of the played episodes (`learner.batch.rows_from_trajectories`), their
-        teacher messages rendered to prompt ids with `tokenizer` (required when there are any)."""
+        teacher messages rendered to prompt ids with `tokenizer` (required when there are any):
+        with several ranks each renders its share and they exchange the ids (`shared_render`).
+        Every rank calls this together when `world_size` > 1 (a collective)."""
         played = [t for t in trajectories if t.traj_id in self.played]
         if self.teacher_messages and tokenizer is None:
             raise ValueError("StepRows.rows: the step has teacher messages; pass the model's tokenizer to render them")
-        prompts = render_prompts(tokenizer, self.teacher_messages) if self.teacher_messages else None
+        prompts = shared_render(tokenizer, self.teacher_messages, rank=rank, world_size=world_size) \
+            if self.teacher_messages else None
         return rows_from_trajectories(played, prompts, gamma=self.gamma)
 
     def write_archive(self, trajectories: Sequence[Trajectory]) -> None:
@@ -85,3 +93,24 @@ class StepRows:
             path = Path(self.archive)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(t.model_dump_json() + "\n" for t in trajectories))
+
+
+def render_share(messages: Mapping[K, str], *, rank: int, world_size: int) -> list[K]:
+    """The keys rank `rank` renders: by message length (longest first, then key), every
+    `world_size`-th from position `rank`, so the ranks' shares hold about equal text. The same
+    on every rank."""
+    order = sorted(messages, key=lambda k: (-len(messages[k]), repr(k)))
+    return order[rank::world_size]
+
+
+def shared_render(tokenizer: ChatTokenizer, messages: Mapping[K, str], *, rank: int,
+                  world_size: int) -> dict[K, np.ndarray]:
+    """`render_prompts` of every message, each rendered by one rank (`render_share`) and gathered on
+    all (`learner.collectives.all_gather_objects`: int32 arrays, a few bytes a token). A tokenizer
+    encodes about a million tokens a second on one core (docs/results.md "Driver at scale"), so a
+    step's teacher prompts cost each rank 1/world_size of that instead of all of it."""
+    if not distributed(world_size):
+        rank, world_size = 0, 1  # no process group to exchange over: this rank renders them all
+    mine = render_prompts(tokenizer, {k: messages[k] for k in render_share(messages, rank=rank, world_size=world_size)})
+    share = {k: np.asarray(ids, dtype=np.int32) for k, ids in mine.items()}
+    return {k: ids for part in all_gather_objects(share, world_size=world_size) for k, ids in part.items()}

@@ -98,7 +98,9 @@ def _teacher_prompt(
     teacher_prompts: Mapping[tuple[str, int], Sequence[int]], traj_id: str, step_idx: int
 ) -> tuple[int, ...] | None:
     prompt = teacher_prompts.get((traj_id, step_idx))
-    return None if prompt is None else tuple(int(t) for t in prompt)
+    if prompt is None:
+        return None
+    return tuple(prompt.tolist()) if hasattr(prompt, "tolist") else tuple(int(t) for t in prompt)  # arrays: one C call
 
 
 def teacher_rows(rows: Sequence[TrainRow]) -> list[TrainRow]:
