@@ -124,7 +124,7 @@ class ReceivingLearner:
     as a learner does: `deploy.step_rows.shared_render`) and trains nothing. The rendering's
     seconds come back as `learner/logprob_s` (a stage this learner does not have)."""
 
-    def __init__(self, tokenizer_dir: str | None, rank: int, world_size: int):
+    def __init__(self, tokenizer_dir: str | None = None, rank: int = 0, world_size: int = 1):
         from transformers import AutoTokenizer
 
         self.tokenizer = None if tokenizer_dir is None else AutoTokenizer.from_pretrained(tokenizer_dir)
