@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.colocation import DevicePhases
 from deploy.config import TrainConfig
-from deploy.dispatch import DynamicCollect, DynamicPending, PendingCalls, WorkerJob, merge_stats
+from deploy.dispatch import DynamicCollect, DynamicPending, PendingCalls, collect_chunks, merge_stats
 from deploy.elastic import actor_node, kill_unit, reassign_lost, worker_lost
 from deploy.recovery import (
     CallTimeout,
@@ -46,6 +46,7 @@ from envs.types import TaskSpec
 from rollout_workers.types import Generation, RolloutStats, Trajectory, TrajectorySummary
 
 if TYPE_CHECKING:
+    from deploy.dispatch import WorkerJob
     from deploy.stages.uniskill_glue import ProposalRequest
     from deploy.topology import LearnerGroup
 
@@ -125,11 +126,10 @@ class Cluster:
         skill_texts: Mapping[str, str | None] | None = None,
         tokens: bool = True,
     ) -> tuple[list[Trajectory] | list[TrajectorySummary], RolloutStats]:
-        """Run `group_size` episodes per task across the rollout workers (chunked to env capacity);
-        `skill_texts` (UniSkill) maps task_id -> the skill shown in that task's actor prompts.
-        A worker that dies mid-collect loses its chunks only: they are collected again, whole, on
-        the restarted worker (same tasks, current weights); other workers' chunks are kept.
-        `submit_collect` + `wait_collect` (the pipelined driver calls them apart). With `tokens`
+        """Run `group_size` episodes per task across the rollout workers (`submit_collect` +
+        `wait_collect`, which the pipelined driver calls apart); `skill_texts` (UniSkill): task_id ->
+        the skill in that task's actor prompts. A dead worker's chunks are collected again, whole,
+        on the restarted worker (same tasks, current weights); the others' are kept. With `tokens`
         off the episodes come as summaries, their token arrays left in the object store (what an
         evaluation reads)."""
         pending = self.submit_collect(tasks, group_size=group_size, policy_version=policy_version,
@@ -150,24 +150,8 @@ class Cluster:
             self._submitted("collect")
             return pending
         per_call = max(1, self._episodes_per_worker() // group_size)
-
-        tokens: dict[Any, Any] = {}  # summaries' ref -> the token pack's ref (reruns included)
-
-        def job(chunk: list[TaskSpec]) -> Callable[[Any], Any]:
-            texts = {t.task_id: skill_texts.get(t.task_id) for t in chunk} if skill_texts else None
-
-            def submit(w: Any) -> Any:
-                summaries, pack = w.collect_apart.options(num_returns=2).remote(
-                    chunk, group_size=group_size, policy_version=policy_version, temperature=temperature,
-                    skill_texts=texts)
-                tokens[summaries] = pack
-                return summaries
-            return submit
-
-        jobs: list[WorkerJob] = []
-        for w in range(len(self.workers)):
-            share = list(tasks[w :: len(self.workers)])
-            jobs += [(w, job(share[i : i + per_call])) for i in range(0, len(share), per_call)]
+        jobs, tokens = collect_chunks(tasks, len(self.workers), per_call, group_size=group_size,
+                                      policy_version=policy_version, temperature=temperature, skill_texts=skill_texts)
         pending = self._submit_jobs(jobs, what="collect")
         pending.tokens = tokens
         return pending

@@ -1,6 +1,6 @@
-"""How a collect's calls reach the rollout workers and come back: the calls in flight of a static
-collect (`PendingCalls`, fixed chunks: `deploy.cluster.Cluster.submit_collect`) and their merged
-stats, and dynamic assignment.
+"""How a collect's calls reach the rollout workers and come back: a static collect's calls in fixed
+chunks (`collect_chunks`, submitted by `deploy.cluster.Cluster.submit_collect`), the calls in flight
+(`PendingCalls`) and their merged stats, and dynamic assignment.
 
 `rollout.assignment: dynamic`: a step's task groups in a shared queue that the rollout workers
 take from as their env slots free up (`rollout_workers.task_source`), instead of fixed chunks.
@@ -51,6 +51,32 @@ def merge_stats(stats: Sequence[RolloutStats], wall_s: float) -> RolloutStats:
         env_s=sum(s.env_s for s in stats),
         total_s=wall_s,
     )
+
+
+def collect_chunks(tasks: Sequence[TaskSpec], num_workers: int, per_call: int, *, group_size: int,
+                        policy_version: int, temperature: float, skill_texts: Mapping[str, str | None] | None
+                        ) -> tuple[list[WorkerJob], dict[Any, Any]]:
+    """A static collect's calls in fixed chunks: worker w gets tasks w, w+N, ..., `per_call` tasks a
+    call (`RolloutWorker.collect_apart`, two return values); and the dict each submission fills
+    with its summaries' ref -> its token pack's ref (re-runs of a dead worker's calls included)."""
+    tokens: dict[Any, Any] = {}
+
+    def job(chunk: list[TaskSpec]) -> Callable[[Any], Any]:
+        texts = {t.task_id: skill_texts.get(t.task_id) for t in chunk} if skill_texts else None
+
+        def submit(w: Any) -> Any:
+            summaries, pack = w.collect_apart.options(num_returns=2).remote(
+                chunk, group_size=group_size, policy_version=policy_version, temperature=temperature,
+                skill_texts=texts)
+            tokens[summaries] = pack
+            return summaries
+        return submit
+
+    jobs: list[WorkerJob] = []
+    for w in range(num_workers):
+        share = list(tasks[w::num_workers])
+        jobs += [(w, job(share[i : i + per_call])) for i in range(0, len(share), per_call)]
+    return jobs, tokens
 
 
 @dataclass
