@@ -8,7 +8,8 @@ episodes' summaries (what the driver decides on) and their token pack (what only
 read). The driver decides on the summaries: which episodes are learnt from (`played`: the
 infrastructure-failure split), the SMRC-SD teacher messages (written by its router, keyed by
 (traj_id, turn)) and the discount; the learners `join` the two back into trajectories and render
-the teacher messages to prompt ids with their own tokenizer (the model's, as the router's).
+the teacher messages to prompt ids with their own tokenizer (the model's, as the router's), a share each
+(`shared_render`).
 """
 
 from __future__ import annotations

@@ -109,6 +109,16 @@ def parse_goal(goal_text: str) -> Goal:
     raise ValueError(f"goal sentence matches no ALFWorld template: {goal_text!r}")
 
 
+def goal_or_none(goal_text: str) -> Goal | None:
+    """`parse_goal`, or None for a sentence that fits no template (an archived record whose
+    instruction was edited, a goal of another env): the tracker then follows the room without a
+    goal object, as it does before the reset observation names one."""
+    try:
+        return parse_goal(goal_text)
+    except ValueError:
+        return None
+
+
 def cls(name: str) -> str:
     """'cabinet 2' -> 'cabinet'."""
     return name.rsplit(" ", 1)[0]
@@ -136,7 +146,7 @@ class AlfworldTracker:
     def __init__(self, task_id: str, task_type: str, goal_text: str) -> None:
         self.task_id = task_id
         self._task_type = task_type
-        self.goal: Goal | None = parse_goal(goal_text) if goal_text else None
+        self.goal: Goal | None = goal_or_none(goal_text) if goal_text else None
         self._b = _Belief()
         self.turn = -1
 
@@ -153,7 +163,7 @@ class AlfworldTracker:
             if self.goal is None:
                 m = _TASK_LINE.search(observation)
                 if m:
-                    self.goal = parse_goal(m.group(1))
+                    self.goal = goal_or_none(m.group(1))
         self.turn += 1
         self._update(observation)
         return self.signature()

@@ -61,6 +61,15 @@ def test_parse_goal_rejects_unknown() -> None:
         parse_goal("make coffee.")
 
 
+@pytest.mark.parametrize("goal", ["0", "make coffee."])
+def test_a_goal_of_no_template_leaves_the_tracker_without_a_goal(goal: str) -> None:
+    """An archived record with an edited instruction (or reset line) still gets signatures."""
+    tr = AlfworldTracker("t1", "", goal)
+    assert tr.goal is None and tr.task_type == "unknown"
+    first = tr.observe(None, f"You are in the middle of a room.\n\nYour task is to: {goal}")
+    assert tr.goal is None and first == tr.observe("look", "You are in the middle of a room.")
+
+
 def test_clean_episode_stages_inventory_location() -> None:
     goal = "put a clean mug in cabinet."
     _, f = _run(
