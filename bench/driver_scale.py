@@ -241,7 +241,7 @@ def run_one(args: argparse.Namespace, episodes: int) -> dict:
              "allowed_width": args.allowed_width}
     worker_cls = ray.remote(num_cpus=0)(SyntheticWorker)
     workers = [worker_cls.remote(shape, seed=w) for w in range(args.workers)]
-    tokenizer = teacher_tokenizer(run_dir) if args.teacher_fraction > 0 else None
+    tokenizer = args.tokenizer_dir if args.teacher_fraction > 0 else None
     learners = [ray.remote(num_cpus=0)(ReceivingLearner).remote(tokenizer, r, args.learners) for r in range(args.learners)]
     ray.get([a.join.remote(f"file://{run_dir / 'rendezvous'}") for a in learners])
     cluster = _BenchCluster(cfg=cfg, pools=[_Pool(10**6)] * args.workers, workers=workers,
@@ -315,15 +315,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--label", default="", help="recorded with the results (e.g. the data path measured)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tokenizer-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one is not None:
         main_one(args)
         return
+    # one tokenizer for every size's learners, built here (each size's driver process stays fresh)
+    tokenizer = teacher_tokenizer(Path(tempfile.mkdtemp(prefix="driver-scale-"))) if args.teacher_fraction > 0 else None
     results = []
     for n in [int(x) for x in args.episodes.split(",")]:
         if n % GROUP_SIZE:
             raise SystemExit(f"--episodes {n}: must be a multiple of the group size {GROUP_SIZE}")
-        cmd = [sys.executable, __file__, "--one", str(n), *(argv if argv is not None else sys.argv[1:])]
+        cmd = [sys.executable, __file__, "--one", str(n), *(argv if argv is not None else sys.argv[1:]),
+               *(["--tokenizer-dir", tokenizer] if tokenizer else [])]
         res = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise SystemExit(f"{n} episodes failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
