@@ -54,8 +54,8 @@ def merge_stats(stats: Sequence[RolloutStats], wall_s: float) -> RolloutStats:
 
 
 def collect_chunks(tasks: Sequence[TaskSpec], num_workers: int, per_call: int, *, group_size: int,
-                        policy_version: int, temperature: float, skill_texts: Mapping[str, str | None] | None
-                        ) -> tuple[list[WorkerJob], dict[Any, Any]]:
+                   policy_version: int, temperature: float, skill_texts: Mapping[str, str | None] | None
+                   ) -> tuple[list[WorkerJob], dict[Any, Any]]:
     """A static collect's calls in fixed chunks: worker w gets tasks w, w+N, ..., `per_call` tasks a
     call (`RolloutWorker.collect_apart`, two return values); and the dict each submission fills
     with its summaries' ref -> its token pack's ref (re-runs of a dead worker's calls included)."""
