@@ -10,6 +10,11 @@ infrastructure-failure split), the SMRC-SD teacher messages (written by its rout
 (traj_id, turn)) and the discount; the learners `join` the two back into trajectories and render
 the teacher messages to prompt ids with their own tokenizer (the model's, as the router's), a share each
 (`shared_render`).
+
+A rank joins and builds the rows of its own episodes only (`StepRows.shard`): the episodes are dealt to
+the ranks from the summaries' token counts (`learner.sharding.episode_owners`, the same on every rank),
+and the other ranks' rows are blank rows of their lengths (`learner.batch.blank_row`), which the
+learner's advantages, mini-batches and loss denominators read and its passes never forward.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
 
 from learner.batch import rows_from_trajectories
 from learner.collectives import all_gather_objects, distributed
+from learner.sharding import episode_owners
 from learner.types import TrainRow
 from rollout_workers.prompts import ChatTokenizer, render_prompts
 from rollout_workers.summaries import join
@@ -41,6 +48,12 @@ def unpack(values: Sequence[Any]) -> list[TrajectorySummary]:
     if values and isinstance(values[0][0], dict):
         return in_task_order({i: g for groups, _ in values for i, g in groups.items()})
     return [t for trajectories, _ in values for t in trajectories]
+
+
+def episodes_of(value: Any) -> list[TrajectorySummary]:
+    """The episodes of one collect call's first return value (either form, `unpack`)."""
+    episodes, _ = value
+    return [t for g in episodes.values() for t in g] if isinstance(episodes, dict) else list(episodes)
 
 
 def with_tokens(summaries: Sequence[TrajectorySummary], refs: Sequence[StoredResult]) -> list[Trajectory]:
@@ -75,6 +88,35 @@ class StepRows:
         import ray
 
         return with_tokens(unpack(ray.get([summaries for summaries, _ in self.refs])), self.refs)
+
+    def shard(self, tokenizer: ChatTokenizer | None = None, *, rank: int = 0,
+              world_size: int = 1) -> tuple[list[TrainRow], list[int]]:
+        """(The step's rows, their owning rank per row) as rank `rank` holds them: the rows of the
+        episodes it owns (`learner.sharding.episode_owners`, dealt by the played turns' token
+        counts) built from their token arrays, fetched from the packs that hold them; every other
+        row blank (`learner.batch.blank_row`). The same rows as `rows` where this rank owns them.
+        A collective when there are teacher messages and `world_size` > 1 (`shared_render`)."""
+        import ray
+
+        values = ray.get([summaries for summaries, _ in self.refs])
+        played = [t for t in unpack(values) if t.traj_id in self.played]
+        lengths, episode = [], []
+        for i, t in enumerate(played):
+            for turn in t.turns:
+                if turn.num_response_tokens:
+                    lengths.append(turn.num_prompt_tokens + turn.num_response_tokens)
+                    episode.append(i)
+        owners = episode_owners(torch.tensor(lengths, dtype=torch.long), torch.tensor(episode, dtype=torch.long),
+                                world_size).tolist()
+        mine = {played[i].traj_id for i, r in zip(episode, owners) if r == rank}
+        packs = [pack for (_, pack), value in zip(self.refs, values)
+                 if any(t.traj_id in mine for t in episodes_of(value))]
+        whole = {t.traj_id: t for t in join([t for t in played if t.traj_id in mine], ray.get(packs))}
+        if self.teacher_messages and tokenizer is None:
+            raise ValueError("StepRows.shard: the step has teacher messages; pass the model's tokenizer to render them")
+        prompts = shared_render(tokenizer, self.teacher_messages, rank=rank, world_size=world_size) \
+            if self.teacher_messages else None
+        return rows_from_trajectories([whole.get(t.traj_id, t) for t in played], prompts, gamma=self.gamma), owners
 
     def rows(self, trajectories: Sequence[Trajectory], tokenizer: ChatTokenizer | None = None, *, rank: int = 0,
              world_size: int = 1) -> list[TrainRow]:

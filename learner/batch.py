@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from learner.gigpo import anchor_key, discounted_returns
@@ -42,6 +43,18 @@ class TrajectoryLike(Protocol):
     # optional (`rollout_workers.types.Trajectory` has it): policy_version: int, copied onto every row
 
 
+class TurnCounts(Protocol):
+    """A turn without its token arrays (`rollout_workers.types.TurnSummary` has these): enough for a
+    blank row."""
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_response_tokens(self) -> int: ...
+    @property
+    def action_valid(self) -> bool: ...
+
+
 def rows_from_trajectories(
     trajectories: Iterable[TrajectoryLike],
     teacher_prompts: Mapping[tuple[str, int], Sequence[int]] | None = None,
@@ -58,6 +71,10 @@ def rows_from_trajectories(
     `teacher_prompts` (SMRC-SD routing) maps (traj_id, turn index in `traj.turns`) to the
     teacher-context prompt ids of that turn; it becomes `TrainRow.teacher_prompt_ids` (turns
     without an entry get None = no distillation).
+
+    A trajectory whose turns carry token counts instead of token arrays (`TurnCounts`: an episode
+    summary) gives blank rows (`blank_row`), in the same places: a learner rank that trains
+    other ranks' episodes' rows by their lengths alone (`learner.sharding.episode_owners`).
     """
     teacher_prompts = teacher_prompts or {}
     rows = []
@@ -65,7 +82,22 @@ def rows_from_trajectories(
         version = getattr(traj, "policy_version", None)
         returns = discounted_returns([float(getattr(t, "reward", 0.0)) for t in traj.turns], gamma)
         for step_idx, turn in enumerate(traj.turns):
-            if not turn.response_ids:
+            blank = not hasattr(turn, "response_ids")
+            if not (turn.num_response_tokens if blank else turn.response_ids):
+                continue
+            fields = {
+                "group_id": traj.group_id,
+                "traj_id": traj.traj_id,
+                "step_idx": step_idx,
+                "episode_score": float(traj.score),
+                "action_valid": bool(turn.action_valid),
+                "teacher_prompt_ids": _teacher_prompt(teacher_prompts, traj.traj_id, step_idx),
+                "anchor_key": _anchor(turn),
+                "step_return": returns[step_idx],
+                "policy_version": None if version is None else int(version),
+            }
+            if blank:
+                rows.append(blank_row(turn, **fields))
                 continue
             allowed = turn.allowed_token_ids
             rows.append(
@@ -74,18 +106,22 @@ def rows_from_trajectories(
                     response_ids=tuple(turn.response_ids),
                     sampler_logprobs=tuple(turn.sampler_logprobs),
                     allowed_token_ids=None if allowed is None else tuple(tuple(a) for a in allowed),
-                    group_id=traj.group_id,
-                    traj_id=traj.traj_id,
-                    step_idx=step_idx,
-                    episode_score=float(traj.score),
-                    action_valid=bool(turn.action_valid),
-                    teacher_prompt_ids=_teacher_prompt(teacher_prompts, traj.traj_id, step_idx),
-                    anchor_key=_anchor(turn),
-                    step_return=returns[step_idx],
-                    policy_version=None if version is None else int(version),
+                    **fields,
                 )
             )
     return rows
+
+
+def blank_row(turn: TurnCounts, **fields: object) -> TrainRow:
+    """A row of `turn`'s lengths whose token ids and sampler log-probs are zeros (read-only views of
+    one zero, no memory per token), with `fields` as given: what a learner rank reads of a row
+    another rank trains (lengths, scores, keys), never forwarded for its values (docs/algorithms.md
+    S7.9). Built without validation, as its zeros need none."""
+    zeros = np.broadcast_to(np.int32(0), (turn.num_prompt_tokens + turn.num_response_tokens,))
+    return TrainRow.model_construct(
+        prompt_ids=zeros[: turn.num_prompt_tokens], response_ids=zeros[turn.num_prompt_tokens :],
+        sampler_logprobs=np.broadcast_to(np.float32(0.0), (turn.num_response_tokens,)), **fields,
+    )  # fmt: skip
 
 
 def _anchor(turn: TurnLike) -> str:

@@ -28,12 +28,17 @@ class OldPass:
     recomputed: bool = False  # this pass forwarded the policy (else the first update pass measures)
 
     def sums(self, batch: TokenBatch, *, kl_type: str) -> dict[str, float]:
-        """Token sums over this rank's rows: KL to the reference, entropy, |learner - sampler|."""
+        """Sums over this rank's rows: KL to the reference, entropy, |learner - sampler| (token
+        sums), and the responses' repeated 4-gram ratios (a row sum: the text health metric)."""
         owned_mask = batch.response_mask * self.owned[:, None].float()
         kl = 0.0
         if self.ref_logp is not None:
             kl = float((kl_penalty(self.old_logp, self.ref_logp, kl_type) * owned_mask).sum())
-        sums = {"owned_tokens": float(owned_mask.sum()), "kl_sum": kl}
+        rows = torch.nonzero(self.owned).squeeze(-1).tolist()
+        lengths = batch.response_mask.sum(-1).long()
+        rep4 = sum(repeated_ngram_ratio(batch.responses[i, : int(lengths[i])].tolist(), n=4) for i in rows)
+        sums = {"owned_tokens": float(owned_mask.sum()), "kl_sum": kl, "rep4_sum": float(rep4),
+                "rep4_rows": float(len(rows))}
         if self.recomputed:  # else the first update pass tallies both
             sums["sampler_diff_sum"] = float(((self.old_logp - batch.sampler_logp).abs() * owned_mask).sum())
             if self.entropy is not None:  # None: learner.log_entropy is off
@@ -94,7 +99,6 @@ def step_metrics(
     steps = max(len(grad_norms), 1)
     tokens, owned_tokens = max(sums["update_tokens"], 1.0), max(sums["owned_tokens"], 1.0)
     lengths = batch.response_mask.sum(-1).long()
-    rep4 = [repeated_ngram_ratio(r[:n].tolist(), n=4) for r, n in zip(batch.responses, lengths)]
     return StepMetrics(
         policy_version=policy_version,
         loss=sums["loss"] / steps,
@@ -115,7 +119,7 @@ def step_metrics(
         score_mean=float(scores.mean()),
         advantage_abs_mean=float(advantages.abs().mean()),
         response_length_mean=float(lengths.float().mean()),
-        rep4gram_ratio=sum(rep4) / len(rep4),
+        rep4gram_ratio=sums["rep4_sum"] / max(sums["rep4_rows"], 1.0),
         sampler_logp_abs_diff=sums["sampler_diff_sum"] / owned_tokens,
         seconds=seconds,
         extra_metrics=dict(extra_metrics or {}),

@@ -17,6 +17,11 @@ rank) and the largest count is everyone's count.
 `split_micro_batches` applies the same split to rows whose owner is already decided (the SMRC-SD
 teacher pass scores, under its own lengths, the rows the actor pass gave each rank).
 
+Ownership by episode (`episode_owners`): when each rank should hold the token arrays of its own
+episodes only (`deploy.step_rows.StepRows.shard`), every row of an episode goes to one rank, the
+episodes dealt by token count (longest first, to the least-loaded rank). The shares of a mini-batch
+are then that mini-batch's rows of each rank's episodes; the rest of the rule is the same.
+
 Pure torch on index tensors: no config, no process group.
 """
 
@@ -43,9 +48,31 @@ def pack_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[int]:
     return sizes + [count] if count else sizes
 
 
-def _share(lengths: torch.Tensor, rows: torch.Tensor, shared: torch.Tensor, rank: int, world_size: int):
-    by_length = rows[torch.argsort(lengths[rows], stable=True)]
-    mine = torch.cat([shared, by_length[rank::world_size]])
+def episode_owners(lengths: torch.Tensor, traj_index: torch.Tensor, world_size: int) -> torch.Tensor:
+    """(N,) int64: the rank that owns each row, all rows of an episode (`traj_index`) on one rank.
+    Episodes in order of token count (the sum of their rows' `lengths`; longest first, then first
+    appearance) each go to the rank holding the fewest tokens so far (then the lowest rank): the
+    longest-processing-time rule, within 4/3 of the best balance. Deterministic: every rank
+    computes the same owners from the same lengths."""
+    if len(traj_index) == 0:
+        return traj_index.new_zeros(0)
+    tokens = torch.zeros(int(traj_index.max()) + 1, dtype=torch.long).index_add_(0, traj_index, lengths.long())
+    load = [0] * world_size
+    owner = torch.zeros(len(tokens), dtype=torch.long)
+    for episode in sorted(range(len(tokens)), key=lambda e: (-int(tokens[e]), e)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[episode] = rank
+        load[rank] += int(tokens[episode])
+    return owner[traj_index]
+
+
+def _share(lengths: torch.Tensor, rows: torch.Tensor, shared: torch.Tensor, rank: int, world_size: int,
+           owner: torch.Tensor | None = None):
+    if owner is None:
+        by_length = rows[torch.argsort(lengths[rows], stable=True)]
+        mine = torch.cat([shared, by_length[rank::world_size]])
+    else:
+        mine = torch.cat([shared, rows[owner[rows] == rank]])
     return mine[torch.argsort(lengths[mine], stable=True)]
 
 
@@ -75,6 +102,7 @@ def shard_micro_batches(
     micro_rows: int,
     shared: torch.Tensor | None = None,
     max_tokens: int | None = None,
+    owner: torch.Tensor | None = None,
 ) -> list[Chunk]:
     """Rank `rank`'s micro-batches of `rows`: sort by length, stride by rank, pad to equal count.
 
@@ -88,21 +116,27 @@ def shard_micro_batches(
     ceil((len(shared) + ceil(n / world_size)) / micro_rows) with fixed rows, the largest packed
     count of any rank with a token budget. A rank with an empty share gets padding only; no rows
     at all give [].
+
+    `owner` (N,) (`episode_owners`): rank r's share is the rows of `rows` whose owner is r instead
+    of a stride; the count is the largest of any rank's, and a padding micro-batch repeats the
+    shortest row this rank owns in the whole batch (its token arrays are the ones this rank
+    holds), the shortest given row when it owns none.
     """
     shared = rows.new_zeros(0) if shared is None else shared
     every = torch.cat([shared, rows])
     if len(every) == 0:
         return []
-    mine = _share(lengths, rows, shared, rank, world_size)
+    mine = _share(lengths, rows, shared, rank, world_size, owner)
     chunks = [(c, True) for c in _split(lengths, mine, micro_rows, max_tokens)]
-    if max_tokens is None:
+    if max_tokens is None and owner is None:
         count = math.ceil((len(shared) + math.ceil(len(rows) / world_size)) / micro_rows)
     else:
         count = max(
-            len(_split(lengths, _share(lengths, rows, shared, r, world_size), micro_rows, max_tokens))
+            len(_split(lengths, _share(lengths, rows, shared, r, world_size, owner), micro_rows, max_tokens))
             for r in range(world_size)
         )
-    padding = every[torch.argsort(lengths[every], stable=True)[:1]]
+    held = every if owner is None or not bool((owner == rank).any()) else torch.nonzero(owner == rank).squeeze(-1)
+    padding = held[torch.argsort(lengths[held], stable=True)[:1]]
     return chunks + [(padding, False)] * (count - len(chunks))
 
 
@@ -114,13 +148,15 @@ def owned_rows(
     world_size: int,
     micro_rows: int,
     max_tokens: int | None = None,
+    owner: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N,) bool: the rows `shard_micro_batches` gives rank `rank` over all mini-batches
     (deterministic: any rank can compute any other rank's share)."""
     owned = torch.zeros(len(lengths), dtype=torch.bool)
     for mini in minis:
         for idx, real in shard_micro_batches(
-            lengths, mini, rank=rank, world_size=world_size, micro_rows=micro_rows, max_tokens=max_tokens
+            lengths, mini, rank=rank, world_size=world_size, micro_rows=micro_rows, max_tokens=max_tokens,
+            owner=owner,
         ):
             owned[idx] = owned[idx] | real
     return owned

@@ -44,11 +44,12 @@ def teacher_chunks(
     """Micro-batches of rank `rank` over the teacher rows, given the teacher rows' token counts
     `lengths` and every rank's teacher-row positions `mine`: each rank's rows sorted by length and
     split into `micro_rows` rows, or packed by `max_tokens` (`split_micro_batches`, as the actor
-    pass), then padded with (the shortest teacher row, real=False) to the largest count of any
-    rank. A rank that owns no teacher row gets padding only."""
+    pass), then padded with (the shortest teacher row of this rank, real=False; of all when it
+    owns none) to the largest count of any rank. A rank that owns no teacher row gets padding only."""
     split = [split_micro_batches(lengths, m, micro_rows=micro_rows, max_tokens=max_tokens) for m in mine]
     count = max(len(s) for s in split)
-    padding = torch.argsort(lengths, stable=True)[:1]
+    pool = mine[rank] if len(mine[rank]) else torch.arange(len(lengths))
+    padding = pool[torch.argsort(lengths[pool], stable=True)[:1]]
     return [(c, True) for c in split[rank]] + [(padding, False)] * (count - len(split[rank]))
 
 

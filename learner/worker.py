@@ -161,9 +161,16 @@ class LearnerWorker:
         align: Sequence[AlignRequest] = (),
         *,
         proposer_warmup: bool = False,
+        owners: Sequence[int] | None = None,
     ) -> StepMetrics:
         """One GRPO step on `rows` (the same lists on every rank), jointly with UniSkill's proposer
         loss on `proposals` (docs/algorithms.md S3) rewarded with R_align from `align` (S4).
+
+        `owners` (one rank per row, `learner.sharding.episode_owners`, the same on every rank):
+        each rank trains and scores the rows it owns, so only their token arrays need be real;
+        of the other rows it reads lengths, scores and keys alone (`deploy.step_rows.StepRows.shard`).
+        None: the length stride of `learner.sharding`. Not with proposals (UniSkill's passes read
+        every row).
 
         `proposer_warmup` (decided by the driver's UniSkill stage for the whole step): proposals
         are rewarded with r_fmt only and `align` is ignored.
@@ -174,6 +181,7 @@ class LearnerWorker:
         """
         proposals, align = list(proposals), list(align)
         check_uniskill_inputs(self.cfg.proposer.enabled, rows, proposals, align)
+        owner = self._owner(owners, len(rows), with_proposals=bool(proposals))
         warmup = proposer_warmup
         align = [] if warmup else align
         clock = StageClock()
@@ -181,10 +189,10 @@ class LearnerWorker:
             batch = collate_rows(rows, pad_token_id=self._pad_id)
             lag = staleness(batch.policy_version, self._version)  # raises on rows newer than this learner
             minis = self._mini_batches(batch.num_rows)
-            shards = self._shards(batch, minis)
+            shards = self._shards(batch, minis, owner)
         with clock("logprob_s"):
             old = self._old_pass(batch, shards)
-            teacher = self._teacher_pass(rows, batch, minis) if self.sd_loss is not None else None
+            teacher = self._teacher_pass(rows, batch, minis, owner) if self.sd_loss is not None else None
             if self.sd_loss is not None and teacher is not None:
                 self.sd_loss.set_teacher(teacher.teacher_logp, teacher.match, step=self._version)
             uni = self._uniskill_pass(rows, proposals, align) if proposals else None
@@ -221,7 +229,20 @@ class LearnerWorker:
             order = torch.arange(num_rows)
         return list(order.split(self.cfg.mini_batch_rows or num_rows))
 
-    def _shards(self, batch: TokenBatch, minis: list[torch.Tensor]) -> list[list[Chunk]]:
+    def _owner(self, owners: Sequence[int] | None, num_rows: int, *, with_proposals: bool) -> torch.Tensor | None:
+        if owners is None:
+            return None
+        if with_proposals:
+            raise ValueError("train_step: owners (rows dealt by episode) cannot come with proposals: UniSkill's "
+                             "passes read every row; pass every row's tokens and owners=None")
+        owner = torch.as_tensor(list(owners), dtype=torch.long)
+        if len(owner) != num_rows or (num_rows and not bool(((owner >= 0) & (owner < self.world_size)).all())):
+            raise ValueError(f"train_step: owners needs one rank in [0, {self.world_size}) per row "
+                             f"({num_rows} rows, got {len(owner)} owners)")
+        return owner
+
+    def _shards(self, batch: TokenBatch, minis: list[torch.Tensor],
+                owner: torch.Tensor | None = None) -> list[list[Chunk]]:
         """This rank's micro-batches of each mini-batch (`shard_micro_batches`)."""
         lengths = batch.attention_mask.sum(-1)
         return [
@@ -232,6 +253,7 @@ class LearnerWorker:
                 world_size=self.world_size,
                 micro_rows=self.cfg.micro_batch_rows,
                 max_tokens=self.cfg.max_tokens_per_micro_batch,
+                owner=owner,
             )
             for mini in minis
         ]
@@ -273,12 +295,13 @@ class LearnerWorker:
         )
 
     def _teacher_pass(
-        self, rows: Sequence[TrainRow], batch: TokenBatch, minis: list[torch.Tensor]
+        self, rows: Sequence[TrainRow], batch: TokenBatch, minis: list[torch.Tensor],
+        owner: torch.Tensor | None = None,
     ) -> TeacherPass:
         lengths, micro = batch.attention_mask.sum(-1), self.cfg.micro_batch_rows
         owned = [
             owned_rows(lengths, minis, rank=r, world_size=self.world_size, micro_rows=micro,
-                       max_tokens=self.cfg.max_tokens_per_micro_batch)
+                       max_tokens=self.cfg.max_tokens_per_micro_batch, owner=owner)
             for r in range(self.world_size)
         ]
         return teacher_logprobs(

@@ -1,4 +1,4 @@
-"""`learner.sharding`: sort by length, stride by rank, pad to equal count (pure, no model)."""
+"""`learner.sharding`: sort by length, stride by rank (or deal by episode), pad to equal count (pure, no model)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.sharding import owned_rows, shard_micro_batches
+from learner.sharding import episode_owners, owned_rows, shard_micro_batches
 from learner.teacher_pass import teacher_chunks
 
 
@@ -116,7 +116,7 @@ def test_teacher_chunks_pad_a_rank_without_teacher_rows():
     r0 = teacher_chunks(lengths, mine, rank=0, micro_rows=2)
     r1 = teacher_chunks(lengths, mine, rank=1, micro_rows=2)
     assert [(i.tolist(), real) for i, real in r0] == [([1, 2], True), ([0], True)]  # sorted by length
-    assert [(i.tolist(), real) for i, real in r1] == [([1], False), ([1], False)]  # the shortest row pads
+    assert [(i.tolist(), real) for i, real in r1] == [([1], False), ([1], False)]  # owning none: the shortest pads
 
 
 def test_teacher_chunks_pack_by_the_token_budget():
@@ -125,4 +125,47 @@ def test_teacher_chunks_pack_by_the_token_budget():
     r0 = teacher_chunks(lengths, mine, rank=0, micro_rows=8, max_tokens=20)
     r1 = teacher_chunks(lengths, mine, rank=1, micro_rows=8, max_tokens=20)
     assert [(i.tolist(), real) for i, real in r0] == [([1, 2], True), ([0], True), ([5], True)]
-    assert [(i.tolist(), real) for i, real in r1] == [([4, 3], True), ([1], False), ([1], False)]
+    assert [(i.tolist(), real) for i, real in r1] == [([4, 3], True), ([4], False), ([4], False)]  # its own shortest pads
+
+
+def test_episodes_are_dealt_longest_first_to_the_least_loaded_rank():
+    traj = torch.tensor([0, 0, 1, 2, 2, 2, 3, 4])
+    lengths = torch.tensor([5, 5, 9, 4, 4, 4, 3, 1])  # episode tokens: 10, 9, 12, 3, 1
+    owner = episode_owners(lengths, traj, 2)
+    # episode 2 (12) -> r0; 0 (10) -> r1; 1 (9) -> r1 (10 < 12); 3 (3) -> r0 (12 < 19); 4 (1) -> r0 (15 < 19)
+    assert owner.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert [int(lengths[owner == r].sum()) for r in range(2)] == [16, 19]
+    assert torch.equal(episode_owners(lengths, traj, 2), owner)  # the same on every rank
+    assert episode_owners(lengths[:0], traj[:0], 3).tolist() == []
+    assert episode_owners(lengths, traj, 1).tolist() == [0] * 8
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(1, 9)), min_size=1, max_size=30),
+       st.integers(1, 4), st.integers(1, 3), st.randoms(use_true_random=False))
+def test_dealt_by_episode_every_row_once_whole_episodes_equal_counts(rows_spec, world, micro, rnd):
+    """Every row trained once, every episode's rows on one rank, equal counts; a rank pads with a
+    row of its own episodes (the token arrays it holds) whenever it has one."""
+    traj = torch.tensor([t for t, _ in rows_spec])
+    lengths = torch.tensor([n for _, n in rows_spec])
+    owner = episode_owners(lengths, traj, world)
+    for t in set(traj.tolist()):
+        assert len(set(owner[traj == t].tolist())) == 1
+    minis = list(torch.tensor(rnd.sample(range(len(traj)), len(traj))).split(max(1, len(traj) // 2)))
+    trained: list[int] = []
+    for mini in minis:
+        per_rank = [shard_micro_batches(lengths, mini, rank=r, world_size=world, micro_rows=micro, owner=owner)
+                    for r in range(world)]
+        assert len({len(c) for c in per_rank}) == 1
+        for r, chunks in enumerate(per_rank):
+            for idx, real in chunks:
+                if real:
+                    assert (owner[idx] == r).all()
+                    trained += idx.tolist()
+                elif bool((owner == r).any()):
+                    assert owner[idx].tolist() == [r]
+    assert sorted(trained) == list(range(len(traj)))
+    masks = [owned_rows(lengths, minis, rank=r, world_size=world, micro_rows=micro, owner=owner)
+             for r in range(world)]
+    for r, m in enumerate(masks):
+        assert torch.equal(m, owner == r)

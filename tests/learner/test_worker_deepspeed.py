@@ -111,12 +111,32 @@ def test_checkpoint_round_trip(tiny_model_dir, make_rows, free_port, tmp_path):
     assert w.get_version() == 2
 
 
-def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, rows_json: str) -> None:
+def _blank_others(rows: list, rank: int) -> tuple[list, list[int]]:
+    """What `deploy.step_rows.StepRows.shard` hands rank `rank`: its episodes' rows, the others blank."""
+    from types import SimpleNamespace
+
+    from learner.batch import blank_row, collate_rows
+    from learner.sharding import episode_owners
+
+    batch = collate_rows(rows, pad_token_id=0)
+    owners = episode_owners(batch.attention_mask.sum(-1), batch.traj_index, 2).tolist()
+    out = []
+    for row, owner in zip(rows, owners, strict=True):
+        counts = SimpleNamespace(num_prompt_tokens=len(row.prompt_ids), num_response_tokens=len(row.response_ids))
+        fields = row.model_dump(exclude={"prompt_ids", "response_ids", "sampler_logprobs", "allowed_token_ids"})
+        out.append(row if owner == rank else blank_row(counts, **fields))
+    return out, owners
+
+
+def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, rows_json: str, by_episode: bool) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from learner.types import TrainRow
 
     rows = [TrainRow.model_validate(r) for r in json.loads(rows_json)]
+    owners = None
+    if by_episode:
+        rows, owners = _blank_others(rows, rank)
     w = LearnerWorker(
         ds_cfg(zero_stage=1, eps=1.0, micro_batch_rows=2),
         model_dir,
@@ -124,13 +144,16 @@ def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, rows_json: st
         world_size=2,
         master_port=port,
     )
-    metrics = w.train_step(rows)
+    metrics = w.train_step(rows, owners=owners)
     w.export_weights(out_dir)
     if rank == 0:
         Path(out_dir, "metrics.json").write_text(metrics.model_dump_json())
 
 
-def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path):  # S7.9 over DP ranks
+@pytest.mark.parametrize("by_episode", [False, True], ids=["stride", "by_episode"])
+def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path, by_episode):  # S7.9 over DP ranks
+    """by_episode: each rank holds only its own episodes' token arrays, the other rows blank, and
+    trains the rows it owns (`owners`): the same update as one rank holding everything."""
     from safetensors.torch import load_file
 
     rows = make_rows()[:11]  # odd: ranks get 6 and 5 rows -> uneven micro-batch counts get padded
@@ -139,7 +162,7 @@ def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path
     out = tmp_path / "dp2"
     port = free_port()
     procs = [
-        ctx.Process(target=_rank_main, args=(r, str(tiny_model_dir), port, str(out), rows_json))
+        ctx.Process(target=_rank_main, args=(r, str(tiny_model_dir), port, str(out), rows_json, by_episode))
         for r in (0, 1)
     ]
     for p in procs:
@@ -156,7 +179,7 @@ def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path
     got = load_file(str(out / "model.safetensors"))
     for k, v in single.backend.module.state_dict().items():
         if k in got:
-            torch.testing.assert_close(got[k], v, atol=1e-6, rtol=0, msg=k)
+            torch.testing.assert_close(got[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
     m_dp = json.loads((out / "metrics.json").read_text())
     assert m_dp["loss"] == pytest.approx(m_single.loss, abs=1e-6)
     assert m_dp["kl"] == pytest.approx(m_single.kl, abs=1e-6)
