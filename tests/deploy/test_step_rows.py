@@ -7,7 +7,7 @@ import multiprocessing as mp
 import pytest
 
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
-from deploy.step_rows import render_share, shared_render
+from deploy.step_rows import StepRows, render_share, shared_render
 from rollout_workers.prompts import render_prompts
 
 CTX = mp.get_context("spawn")
@@ -68,3 +68,65 @@ def test_without_a_process_group_a_rank_renders_them_all(tokenizer_dir):
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     prompts = shared_render(tokenizer, MESSAGES, rank=1, world_size=2)
     assert {k: v.tolist() for k, v in prompts.items()} == render_prompts(tokenizer, MESSAGES)
+
+
+def _episode(name: str, group: str, turn_lengths: list[tuple[int, int]], score: float):
+    import json
+
+    from rollout_workers.types import Trajectory
+    from tests.rollout_workers.test_arrays import ARCHIVED
+
+    base = json.loads(ARCHIVED)
+    turns = [dict(base["turns"][0], prompt_ids=list(range(10, 10 + p)), response_ids=list(range(20, 20 + r)),
+                  sampler_logprobs=[-0.5] * r, allowed_token_ids=None, observation=f"{name} o{i}", reward=float(i))
+             for i, (p, r) in enumerate(turn_lengths)]
+    return Trajectory.model_validate(dict(base, group_id=group, traj_id=name, score=score, turns=turns))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="test_step_rows", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.ray
+def test_each_rank_joins_only_its_own_episodes_and_fetches_only_their_packs(ray_local):
+    """Two collect calls: one long episode, and three short ones (plus one lost to the env). Dealt by
+    token count, rank 0 owns the long one and rank 1 the short ones. Each rank's rows equal the rows
+    built from every whole trajectory where it owns them and are blank of the same lengths elsewhere;
+    rank 0 never fetches the other call's pack (here one whose fetch would raise)."""
+    from learner.batch import rows_from_trajectories
+    from rollout_workers.summaries import summarize
+
+    ray = ray_local
+    long_call = [_episode("g0/0", "g0", [(40, 30), (50, 20)], 10.0)]
+    short_call = [_episode(f"g1/{i}", "g1", [(20, 8 + i), (3, 2)], float(i)) for i in range(3)]
+    lost = _episode("g1/3", "g1", [(5, 5)], 0.0).model_copy(update={"end_reason": "env_error"})
+    calls = [long_call, [*short_call, lost]]
+    split = [summarize(c) for c in calls]
+    refs = [(ray.put((summaries, None)), ray.put(pack)) for summaries, pack in split]
+    played = [s for summaries, _ in split for s in summaries if s.traj_id != "g1/3"]
+    step = StepRows.of(refs, played, None, gamma=0.5)
+    whole = rows_from_trajectories([t for c in calls for t in c if t.traj_id != "g1/3"], gamma=0.5)
+
+    @ray.remote
+    def unreachable():
+        raise RuntimeError("this pack was fetched")
+
+    no_second_pack = StepRows.of([refs[0], (refs[1][0], unreachable.remote())], played, None, gamma=0.5)
+    sharded = [no_second_pack.shard(rank=0, world_size=2), step.shard(rank=1, world_size=2)]
+    assert sharded[0][1] == sharded[1][1] == [0, 0, 1, 1, 1, 1, 1, 1]  # the same owners on both ranks
+    for rank, (rows, owners) in enumerate(sharded):
+        assert len(rows) == len(whole)
+        for row, full, owner in zip(rows, whole, owners, strict=True):
+            if owner == rank:
+                assert row == full
+                continue
+            assert (len(row.prompt_ids), len(row.response_ids)) == (len(full.prompt_ids), len(full.response_ids))
+            assert not any(row.prompt_ids) and not any(row.response_ids) and not any(row.sampler_logprobs)
+            skip = {"prompt_ids", "response_ids", "sampler_logprobs"}
+            assert row.model_dump(exclude=skip) == full.model_dump(exclude=skip)
+    assert step.shard(rank=0, world_size=1) == (whole, [0] * len(whole))
