@@ -11,10 +11,10 @@ infrastructure-failure split), the SMRC-SD teacher messages (written by its rout
 the teacher messages to prompt ids with their own tokenizer (the model's, as the router's), a share each
 (`shared_render`).
 
-A rank joins and builds the rows of its own episodes only (`StepRows.shard`): the episodes are dealt to
-the ranks from the summaries' token counts (`learner.sharding.episode_owners`, the same on every rank),
-and the other ranks' rows are blank rows of their lengths (`learner.batch.blank_row`), which the
-learner's advantages, mini-batches and loss denominators read and its passes never forward.
+A rank fetches, joins and builds the rows of its own episodes only (`StepRows.shard`): the episodes are
+dealt to the ranks from the summaries' token counts (`learner.sharding.episode_owners`, the same on
+every rank), and the other ranks' rows are blank rows of their lengths (`learner.batch.blank_row`),
+which the learner's advantages, mini-batches and loss denominators read and its passes never forward.
 """
 
 from __future__ import annotations
@@ -92,23 +92,27 @@ class StepRows:
     def shard(self, tokenizer: ChatTokenizer | None = None, *, rank: int = 0,
               world_size: int = 1) -> tuple[list[TrainRow], list[int]]:
         """(The step's rows, their owning rank per row) as rank `rank` holds them: the rows of the
-        episodes it owns (`learner.sharding.episode_owners`, dealt by the played turns' token
-        counts) built from their token arrays, fetched from the packs that hold them; every other
-        row blank (`learner.batch.blank_row`). The same rows as `rows` where this rank owns them.
-        A collective when there are teacher messages and `world_size` > 1 (`shared_render`)."""
+        episodes it owns built from their token arrays, fetched from the packs that hold them;
+        every other row blank (`learner.batch.blank_row`). The same rows as `rows` where this
+        rank owns them. The episodes are dealt pack by pack, in consecutive runs of about equal
+        tokens (`learner.sharding.episode_owners`, from the summaries' token counts), so a rank
+        fetches about 1/`world_size` of the step's packs, plus the packs its run shares with its
+        neighbours'. A collective when there are teacher messages and `world_size` > 1 (`shared_render`)."""
         import ray
 
         values = ray.get([summaries for summaries, _ in self.refs])
-        played = [t for t in unpack(values) if t.traj_id in self.played]
+        played = [t for t in unpack(values) if t.traj_id in self.played]  # in step order, as the rows
+        in_packs = [t.traj_id for value in values for t in episodes_of(value) if t.traj_id in self.played]
+        dealt = {traj_id: i for i, traj_id in enumerate(in_packs)}  # numbered pack by pack
         lengths, episode = [], []
-        for i, t in enumerate(played):
+        for t in played:
             for turn in t.turns:
                 if turn.num_response_tokens:
                     lengths.append(turn.num_prompt_tokens + turn.num_response_tokens)
-                    episode.append(i)
+                    episode.append(dealt[t.traj_id])
         owners = episode_owners(torch.tensor(lengths, dtype=torch.long), torch.tensor(episode, dtype=torch.long),
                                 world_size).tolist()
-        mine = {played[i].traj_id for i, r in zip(episode, owners) if r == rank}
+        mine = {in_packs[e] for e, r in zip(episode, owners) if r == rank}
         packs = [pack for (_, pack), value in zip(self.refs, values)
                  if any(t.traj_id in mine for t in episodes_of(value))]
         whole = {t.traj_id: t for t in join([t for t in played if t.traj_id in mine], ray.get(packs))}

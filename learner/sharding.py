@@ -19,8 +19,8 @@ teacher pass scores, under its own lengths, the rows the actor pass gave each ra
 
 Ownership by episode (`episode_owners`): when each rank should hold the token arrays of its own
 episodes only (`deploy.step_rows.StepRows.shard`), every row of an episode goes to one rank, the
-episodes dealt by token count (longest first, to the least-loaded rank). The shares of a mini-batch
-are then that mini-batch's rows of each rank's episodes; the rest of the rule is the same.
+episodes cut into consecutive runs of about equal tokens. The shares of a mini-batch are then that
+mini-batch's rows of each rank's episodes; the rest of the rule is the same.
 
 Pure torch on index tensors: no config, no process group.
 """
@@ -48,22 +48,20 @@ def pack_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[int]:
     return sizes + [count] if count else sizes
 
 
-def episode_owners(lengths: torch.Tensor, traj_index: torch.Tensor, world_size: int) -> torch.Tensor:
-    """(N,) int64: the rank that owns each row, all rows of an episode (`traj_index`) on one rank.
-    Episodes in order of token count (the sum of their rows' `lengths`; longest first, then first
-    appearance) each go to the rank holding the fewest tokens so far (then the lowest rank): the
-    longest-processing-time rule, within 4/3 of the best balance. Deterministic: every rank
-    computes the same owners from the same lengths."""
-    if len(traj_index) == 0:
-        return traj_index.new_zeros(0)
-    tokens = torch.zeros(int(traj_index.max()) + 1, dtype=torch.long).index_add_(0, traj_index, lengths.long())
-    load = [0] * world_size
-    owner = torch.zeros(len(tokens), dtype=torch.long)
-    for episode in sorted(range(len(tokens)), key=lambda e: (-int(tokens[e]), e)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
-        owner[episode] = rank
-        load[rank] += int(tokens[episode])
-    return owner[traj_index]
+def episode_owners(lengths: torch.Tensor, episode: torch.Tensor, world_size: int) -> torch.Tensor:
+    """(N,) int64: the rank that owns each row, all rows of an episode on one rank. `episode` (N,)
+    numbers each row's episode in dealing order (0, 1, ...); the episodes are cut into
+    `world_size` consecutive runs of about equal tokens (the sum of their rows' `lengths`): an
+    episode goes to the rank whose 1/world_size of the step's tokens holds its midpoint, so a
+    rank's tokens differ from an equal share by at most the episodes at its two ends. Consecutive
+    runs keep a rank's episodes in few collect calls' token packs when the numbering follows the
+    packs (`deploy.step_rows.StepRows.shard`). Deterministic: every rank computes the same owners."""
+    if len(episode) == 0:
+        return episode.new_zeros(0)
+    tokens = torch.zeros(int(episode.max()) + 1, dtype=torch.float64).index_add_(0, episode, lengths.double())
+    middle = tokens.cumsum(0) - tokens / 2
+    owner = (middle * world_size / tokens.sum().clamp_min(1.0)).floor().long().clamp(0, world_size - 1)
+    return owner[episode]
 
 
 def _share(lengths: torch.Tensor, rows: torch.Tensor, shared: torch.Tensor, rank: int, world_size: int,

@@ -94,8 +94,8 @@ def ray_local():
 
 @pytest.mark.ray
 def test_each_rank_joins_only_its_own_episodes_and_fetches_only_their_packs(ray_local):
-    """Two collect calls: one long episode, and three short ones (plus one lost to the env). Dealt by
-    token count, rank 0 owns the long one and rank 1 the short ones. Each rank's rows equal the rows
+    """Two collect calls: one long episode, and three short ones (plus one lost to the env). Cut into
+    two runs of about equal tokens, pack by pack, rank 0 owns the long one and rank 1 the short ones. Each rank's rows equal the rows
     built from every whole trajectory where it owns them and are blank of the same lengths elsewhere;
     rank 0 never fetches the other call's pack (here one whose fetch would raise)."""
     from learner.batch import rows_from_trajectories

@@ -128,16 +128,28 @@ def test_teacher_chunks_pack_by_the_token_budget():
     assert [(i.tolist(), real) for i, real in r1] == [([4, 3], True), ([4], False), ([4], False)]  # its own shortest pads
 
 
-def test_episodes_are_dealt_longest_first_to_the_least_loaded_rank():
-    traj = torch.tensor([0, 0, 1, 2, 2, 2, 3, 4])
-    lengths = torch.tensor([5, 5, 9, 4, 4, 4, 3, 1])  # episode tokens: 10, 9, 12, 3, 1
-    owner = episode_owners(lengths, traj, 2)
-    # episode 2 (12) -> r0; 0 (10) -> r1; 1 (9) -> r1 (10 < 12); 3 (3) -> r0 (12 < 19); 4 (1) -> r0 (15 < 19)
-    assert owner.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
-    assert [int(lengths[owner == r].sum()) for r in range(2)] == [16, 19]
-    assert torch.equal(episode_owners(lengths, traj, 2), owner)  # the same on every rank
-    assert episode_owners(lengths[:0], traj[:0], 3).tolist() == []
-    assert episode_owners(lengths, traj, 1).tolist() == [0] * 8
+def test_episodes_are_cut_into_runs_of_about_equal_tokens():
+    episode = torch.tensor([0, 0, 1, 2, 2, 2, 3, 4])
+    lengths = torch.tensor([5, 5, 9, 4, 4, 4, 3, 1])  # episode tokens 10, 9, 12, 3, 1 of 35
+    owner = episode_owners(lengths, episode, 2)
+    # midpoints 5, 14.5, 25, 32.5, 34.5: below 17.5 -> rank 0, above -> rank 1
+    assert owner.tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert [int(lengths[owner == r].sum()) for r in range(2)] == [19, 16]
+    assert torch.equal(episode_owners(lengths, episode, 2), owner)  # the same on every rank
+    assert episode_owners(lengths[:0], episode[:0], 3).tolist() == []
+    assert episode_owners(lengths, episode, 1).tolist() == [0] * 8
+    assert episode_owners(torch.tensor([7, 7]), torch.tensor([0, 1]), 4).tolist() == [1, 3]  # fewer episodes than ranks
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=40), st.integers(1, 8))
+def test_each_rank_holds_an_equal_share_up_to_the_episodes_at_its_ends(tokens, world):
+    owner = episode_owners(torch.tensor(tokens), torch.arange(len(tokens)), world)
+    assert owner.tolist() == sorted(owner.tolist())  # consecutive runs
+    share = sum(tokens) / world
+    for r in range(world):
+        held = sum(t for t, o in zip(tokens, owner.tolist()) if o == r)
+        assert abs(held - share) <= 2 * max(tokens) / 2 + 1e-9 or held == 0 and share <= max(tokens)
 
 
 @settings(max_examples=150, deadline=None)
