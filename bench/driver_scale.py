@@ -19,9 +19,10 @@ for the same cores; on a cluster they run on their own nodes.
 Sizes default to the shipped GPU config's step (16 tasks x 8 = 128 episodes) at 25 turns of a
 2,500-token prompt and a 200-token response; `--teacher-fraction` gives that share of turns an
 SMRC-SD teacher message (text as long as the student prompt plus `--teacher-extra` tokens, written
-by a stand-in for the router: the routing rule's own cost is bench/routing_cost.py's); the learner
-ranks render them to ids with a real BPE tokenizer, each its share, and exchange them over a gloo
-group, as learners do, and report the seconds.
+by a stand-in for the router: the routing rule's own cost is bench/routing_cost.py's). The learner
+ranks take their shard as learners do (`StepRows.shard`: the packs of their own episodes fetched and
+joined, the teacher messages rendered with a real BPE tokenizer, each rank its share, exchanged over a
+gloo group, the rows built) and report rank 0's seconds, rows and packs fetched.
 `--allowed-width` gives every response position that many allowed ids (constrained decoding).
 
 Writes bench/results/driver_scale.json; the last line is
@@ -119,10 +120,12 @@ class SyntheticWorker:
 
 
 class ReceivingLearner:
-    """A learner rank that receives the step's data (fetches it, counts rows, renders its share of
-    the teacher messages to prompt ids and exchanges them with the other ranks over a gloo group,
-    as a learner does: `deploy.step_rows.shared_render`) and trains nothing. The rendering's
-    seconds come back as `learner/logprob_s` (a stage this learner does not have)."""
+    """A learner rank that receives the step's data as a learner does (`deploy.step_rows.StepRows.
+    shard`: it fetches and joins the packs of the episodes it owns, renders its share of the
+    teacher messages to prompt ids and exchanges them with the other ranks over a gloo group, and
+    builds its rows, the others blank) and trains nothing. It reports that stage's seconds as
+    `learner/logprob_s` (a stage this learner does not have), and what it held: its rows and the
+    packs it fetched, with their share of the step's tokens."""
 
     def __init__(self, tokenizer_dir: str | None = None, rank: int = 0, world_size: int = 1):
         from transformers import AutoTokenizer
@@ -136,30 +139,35 @@ class ReceivingLearner:
         dist.init_process_group("gloo", init_method=init_method, rank=self.rank, world_size=self.world_size)
 
     def train_stored(self, step, proposals=(), align=(), *, proposer_warmup=False):
-        """The step by reference (`deploy.step_rows.StepRows`): fetch its trajectories, render the
-        teacher messages (`StepRows.rows` does both before building rows)."""
-        from deploy.step_rows import shared_render
+        import ray
 
-        trajectories = step.trajectories()
+        from deploy.step_rows import episodes_of
+
         start = time.perf_counter()
-        prompts = {} if not step.teacher_messages else shared_render(
-            self.tokenizer, step.teacher_messages, rank=self.rank, world_size=self.world_size)
-        render_s = time.perf_counter() - start
-        return self._metrics(sum(len(t.turns) for t in trajectories if t.traj_id in step.played), render_s,
-                             sum(len(ids) for ids in prompts.values()))
+        rows, owners = step.shard(self.tokenizer, rank=self.rank, world_size=self.world_size)
+        shard_s = time.perf_counter() - start
+        mine = {r.traj_id for r, o in zip(rows, owners) if o == self.rank}
+        calls = [episodes_of(v) for v in ray.get([summaries for summaries, _ in step.refs])]
+        tokens = [sum(t.num_prompt_tokens + t.num_response_tokens for e in c for t in e.turns) for c in calls]
+        fetched = [any(e.traj_id in mine for e in c) for c in calls]
+        teacher = sum(len(r.teacher_prompt_ids) for r in rows if r.teacher_prompt_ids is not None)
+        return self._metrics(len(rows), shard_s, teacher, {
+            "shard/own_rows": float(sum(o == self.rank for o in owners)),
+            "shard/packs_fetched": float(sum(fetched)), "shard/packs": float(len(calls)),
+            "shard/token_fraction_fetched": sum(t for t, f in zip(tokens, fetched) if f) / max(sum(tokens), 1)})
 
     def train_step(self, rows, proposals=(), align=(), *, proposer_warmup=False):
         return self._metrics(len(list(rows)))
 
-    def _metrics(self, num_rows: int, render_s: float = 0.0, teacher_tokens: int = 0):
+    def _metrics(self, num_rows: int, seconds: float = 0.0, teacher_tokens: int = 0, extra=None):
         from learner.types import StageSeconds, StepMetrics
 
-        zero = StageSeconds(collate_s=0.0, logprob_s=render_s, advantage_s=0.0, update_s=0.0, total_s=0.0)
+        zero = StageSeconds(collate_s=0.0, logprob_s=seconds, advantage_s=0.0, update_s=0.0, total_s=0.0)
         return StepMetrics(policy_version=0, loss=0.0, pg_loss=0.0, kl_loss=0.0, entropy_loss=0.0, extra_losses={},
                            pg_clipfrac=0.0, pg_clipfrac_lower=0.0, ppo_kl=0.0, kl=0.0, entropy=0.0, grad_norm=0.0,
                            lr=0.0, num_rows=num_rows, num_tokens=teacher_tokens, num_optimizer_steps=0, score_mean=0.0,
                            advantage_abs_mean=0.0, response_length_mean=0.0, rep4gram_ratio=0.0,
-                           sampler_logp_abs_diff=0.0, seconds=zero)
+                           sampler_logp_abs_diff=0.0, seconds=zero, extra_metrics=dict(extra or {}))
 
     def get_version(self) -> int:
         return 0
@@ -262,7 +270,8 @@ def run_one(args: argparse.Namespace, episodes: int) -> dict:
             (args.prompt_tokens + args.response_tokens), "driver_cpu_s": round(cpu, 3), "driver_wall_s": round(wall, 3),
             "driver_peak_rss_gb": round(peak / 2**30, 3), "stages": stages,
             "teacher_rows": int(record.get("route/teacher_rows", 0)), "teacher_prompt_tokens": int(record["num_tokens"]),
-            "learner_render_s": round(record["learner/logprob_s"], 3)}
+            "learner_shard_s": round(record["learner/logprob_s"], 3),
+            "rank0": {k.removeprefix("shard/"): round(v, 3) for k, v in record.items() if k.startswith("shard/")}}
 
 
 def _timer():
@@ -335,8 +344,10 @@ def main(argv: list[str] | None = None) -> None:
         results.append(row)
         print(f"{n:5d} ep  {row['tokens'] / 1e6:6.1f}M tokens  driver cpu {row['driver_cpu_s']:6.2f} s  "
               f"wall {row['driver_wall_s']:6.2f} s  peak RSS {row['driver_peak_rss_gb']:5.2f} GB  {row['stages']}"
-              + (f"  teacher rows {row['teacher_rows']}, rendered and exchanged by the learner ranks in {row['learner_render_s']:.2f} s"
-                 if row["teacher_rows"] else ""),
+              + f"  learner rank 0: {row['learner_shard_s']:.2f} s for its shard, own rows {row['rank0']['own_rows']:.0f}"
+                f" of {row['turns']}, packs {row['rank0']['packs_fetched']:.0f} of {row['rank0']['packs']:.0f}"
+                f" ({row['rank0']['token_fraction_fetched']:.0%} of the tokens)"
+              + (f", teacher rows {row['teacher_rows']} (a share rendered, all exchanged)" if row["teacher_rows"] else ""),
               flush=True)
     out = {"label": args.label, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
            "shape": {"turns": args.turns, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,

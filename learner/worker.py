@@ -15,9 +15,10 @@ Extra loss terms plug into the update through two seams (`learner.types`): an `E
 on the actor's micro-batches (SMRC-SD's "sd"), an `AuxiliaryLoss` brings rows of its own, trained
 in the same optimiser steps (UniSkill's "prop").
 
-Data parallelism: every rank receives the SAME rows. Advantages are computed over all rows (so
-group statistics never depend on sharding), the (seeded) row order is split into mini-batches,
-and each rank trains a length-sorted 1/W share of each mini-batch. Every loss denominator is
+Data parallelism: every rank receives the SAME rows (or, with `owners`, the same rows with the
+other ranks' token arrays blank). Advantages are computed over all rows (so group statistics never
+depend on sharding), the (seeded) row order is split into mini-batches, and each rank trains a
+length-sorted 1/W share of each mini-batch (its own episodes' rows with `owners`). Every loss denominator is
 computed over the whole mini-batch, so the update is invariant to the number of ranks and
 micro-batches (docs/algorithms.md S7.9). All ranks run the same number of forward/backward calls
 (short ranks run zero-weight padding micro-batches) so ZeRO collectives line up.
