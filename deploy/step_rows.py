@@ -19,7 +19,7 @@ which the learner's advantages, mini-batches and loss denominators read and its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from learner.batch import rows_from_trajectories
+from learner.batch import blank_ids, rows_from_trajectories
 from learner.collectives import all_gather_objects, distributed
 from learner.sharding import episode_owners
 from learner.types import TrainRow
@@ -97,7 +97,9 @@ class StepRows:
         rank owns them. The episodes are dealt pack by pack, in consecutive runs of about equal
         tokens (`learner.sharding.episode_owners`, from the summaries' token counts), so a rank
         fetches about 1/`world_size` of the step's packs, plus the packs its run shares with its
-        neighbours'. A collective when there are teacher messages and `world_size` > 1 (`shared_render`)."""
+        neighbours'. The teacher messages of its own episodes are rendered here, the others' are blank
+        prompts of their lengths (`own_render`): a collective when there are teacher messages and
+        `world_size` > 1."""
         import ray
 
         values = ray.get([summaries for summaries, _ in self.refs])
@@ -118,7 +120,7 @@ class StepRows:
         whole = {t.traj_id: t for t in join([t for t in played if t.traj_id in mine], ray.get(packs))}
         if self.teacher_messages and tokenizer is None:
             raise ValueError("StepRows.shard: the step has teacher messages; pass the model's tokenizer to render them")
-        prompts = shared_render(tokenizer, self.teacher_messages, rank=rank, world_size=world_size) \
+        prompts = own_render(tokenizer, self.teacher_messages, mine, world_size=world_size) \
             if self.teacher_messages else None
         return rows_from_trajectories([whole.get(t.traj_id, t) for t in played], prompts, gamma=self.gamma), owners
 
@@ -161,3 +163,19 @@ def shared_render(tokenizer: ChatTokenizer, messages: Mapping[K, str], *, rank: 
     mine = render_prompts(tokenizer, {k: messages[k] for k in render_share(messages, rank=rank, world_size=world_size)})
     share = {k: np.asarray(ids, dtype=np.int32) for k, ids in mine.items()}
     return {k: ids for part in all_gather_objects(share, world_size=world_size) for k, ids in part.items()}
+
+
+def own_render(tokenizer: ChatTokenizer, messages: Mapping[tuple[str, int], str], owned: Collection[str], *,
+               world_size: int) -> dict[tuple[str, int], np.ndarray]:
+    """Teacher prompt ids by (traj_id, turn): the messages of this rank's episodes (`owned`
+    traj_ids) rendered with `tokenizer` (`render_prompts`), every other rank's as blank ids of the
+    length its owner rendered (`learner.batch.blank_ids`; the lengths are gathered over the process
+    group, a few bytes a message): a rank scores the teacher prompts of its own rows only, and
+    reads the others' lengths alone (the teacher pass's micro-batch counts). Messages of episodes
+    that no rank owns (no turn to train) are left out. Without a process group the rank renders them all."""
+    if not distributed(world_size):
+        return {k: np.asarray(ids, dtype=np.int32) for k, ids in render_prompts(tokenizer, messages).items()}
+    mine = render_prompts(tokenizer, {k: m for k, m in messages.items() if k[0] in owned})
+    parts = all_gather_objects({k: len(ids) for k, ids in mine.items()}, world_size=world_size)
+    lengths = {k: n for part in parts for k, n in part.items()}
+    return {k: np.asarray(mine[k], dtype=np.int32) if k in mine else blank_ids(n) for k, n in lengths.items()}

@@ -85,13 +85,14 @@ def rows_from_trajectories(
             blank = not hasattr(turn, "response_ids")
             if not (turn.num_response_tokens if blank else turn.response_ids):
                 continue
+            teacher = teacher_prompts.get((traj.traj_id, step_idx))
             fields = {
                 "group_id": traj.group_id,
                 "traj_id": traj.traj_id,
                 "step_idx": step_idx,
                 "episode_score": float(traj.score),
                 "action_valid": bool(turn.action_valid),
-                "teacher_prompt_ids": _teacher_prompt(teacher_prompts, traj.traj_id, step_idx),
+                "teacher_prompt_ids": teacher if blank or teacher is None else _ids(teacher),
                 "anchor_key": _anchor(turn),
                 "step_return": returns[step_idx],
                 "policy_version": None if version is None else int(version),
@@ -112,14 +113,18 @@ def rows_from_trajectories(
     return rows
 
 
+def blank_ids(length: int) -> np.ndarray:
+    """`length` zero ids as a read-only view of one zero (no memory per token)."""
+    return np.broadcast_to(np.int32(0), (length,))
+
+
 def blank_row(turn: TurnCounts, **fields: object) -> TrainRow:
-    """A row of `turn`'s lengths whose token ids and sampler log-probs are zeros (read-only views of
-    one zero, no memory per token), with `fields` as given: what a learner rank reads of a row
-    another rank trains (lengths, scores, keys), never forwarded for its values (docs/algorithms.md
-    S7.9). Built without validation, as its zeros need none."""
-    zeros = np.broadcast_to(np.int32(0), (turn.num_prompt_tokens + turn.num_response_tokens,))
+    """A row of `turn`'s lengths whose token ids and sampler log-probs are zeros (`blank_ids`), with
+    `fields` as given (its teacher prompt, when it has one, as given too): what a learner rank
+    reads of a row another rank trains (lengths, scores, keys), never forwarded for its values
+    (docs/algorithms.md S7.9). Built without validation, as its zeros need none."""
     return TrainRow.model_construct(
-        prompt_ids=zeros[: turn.num_prompt_tokens], response_ids=zeros[turn.num_prompt_tokens :],
+        prompt_ids=blank_ids(turn.num_prompt_tokens), response_ids=blank_ids(turn.num_response_tokens),
         sampler_logprobs=np.broadcast_to(np.float32(0.0), (turn.num_response_tokens,)), **fields,
     )  # fmt: skip
 
@@ -130,12 +135,7 @@ def _anchor(turn: TurnLike) -> str:
     return "" if observation is None else anchor_key(observation)
 
 
-def _teacher_prompt(
-    teacher_prompts: Mapping[tuple[str, int], Sequence[int]], traj_id: str, step_idx: int
-) -> tuple[int, ...] | None:
-    prompt = teacher_prompts.get((traj_id, step_idx))
-    if prompt is None:
-        return None
+def _ids(prompt: Sequence[int]) -> tuple[int, ...]:
     return tuple(prompt.tolist()) if hasattr(prompt, "tolist") else tuple(int(t) for t in prompt)  # arrays: one C call
 
 

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import pytest
 
 from deploy.laptop.tiny_model import TinyModelConfig, build_tiny_model
-from deploy.step_rows import StepRows, render_share, shared_render
+from deploy.step_rows import StepRows, own_render, render_share, shared_render
 from rollout_workers.prompts import render_prompts
 
 CTX = mp.get_context("spawn")
@@ -62,11 +62,49 @@ def test_two_ranks_each_render_half_and_both_get_every_prompt(tmp_path, tokenize
     assert [count for _, _, count in results] == [8, 7]  # and rendered only its share of the 15
 
 
+def _own_rank(init: str, rank: int, tokenizer_dir: str, queue) -> None:
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rendered = []
+    encode = tokenizer.encode
+    tokenizer.encode = lambda text, **kw: rendered.append(text) or encode(text, **kw)
+    owned = {f"g/{i}" for i in range(5) if i % 2 == rank} - {"g/4"}  # g/4: no rank owns it (no turn to train)
+    prompts = own_render(tokenizer, MESSAGES, owned, world_size=2)
+    queue.put((rank, {k: (v.tolist(), v.flags.writeable) for k, v in prompts.items()}, len(rendered)))
+    dist.destroy_process_group()
+
+
+def test_a_rank_renders_its_own_episodes_messages_and_learns_the_others_lengths(tmp_path, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    queue = CTX.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [CTX.Process(target=_own_rank, args=(init, r, tokenizer_dir, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    want = render_prompts(AutoTokenizer.from_pretrained(tokenizer_dir), MESSAGES)
+    for rank, prompts, count in results:
+        assert sorted(prompts) == sorted(k for k in MESSAGES if k[0] != "g/4")
+        for (traj, turn), (ids, writeable) in prompts.items():
+            own = int(traj[2:]) % 2 == rank
+            assert ids == (want[traj, turn] if own else [0] * len(want[traj, turn]))
+            assert writeable or not own  # the others' are views of one zero
+        assert count == 6  # its own two episodes, three turns each: g/0, g/2 | g/1, g/3
+
+
 def test_without_a_process_group_a_rank_renders_them_all(tokenizer_dir):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     prompts = shared_render(tokenizer, MESSAGES, rank=1, world_size=2)
+    assert {k: v.tolist() for k, v in prompts.items()} == render_prompts(tokenizer, MESSAGES)
+    prompts = own_render(tokenizer, MESSAGES, {"g/0"}, world_size=2)
     assert {k: v.tolist() for k, v in prompts.items()} == render_prompts(tokenizer, MESSAGES)
 
 
