@@ -144,9 +144,9 @@ class ReceivingLearner:
         from deploy.step_rows import episodes_of
 
         start = time.perf_counter()
-        rows, owners = step.shard(self.tokenizer, rank=self.rank, world_size=self.world_size)
+        shard = step.shard(self.tokenizer, rank=self.rank, world_size=self.world_size)
         shard_s = time.perf_counter() - start
-        mine = {r.traj_id for r, o in zip(rows, owners) if o == self.rank}
+        rows, owners, mine = shard.rows, shard.owners, set(shard.held)
         calls = [episodes_of(v) for v in ray.get([summaries for summaries, _ in step.refs])]
         tokens = [sum(t.num_prompt_tokens + t.num_response_tokens for e in c for t in e.turns) for c in calls]
         fetched = [any(e.traj_id in mine for e in c) for c in calls]

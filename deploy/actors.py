@@ -130,13 +130,19 @@ class LearnerActor(ColocatedLearner, LearnerWorker):
 
     def train_stored(self, step: StepRows, proposals=(), align=(), *, proposer_warmup: bool = False):
         """`train_step` on the rows this rank builds from the step's trajectories, fetched from the
-        object store (`deploy.step_rows`): the token arrays of its own episodes only
-        (`StepRows.shard`), or with UniSkill's proposals, whose passes read every row, all of them.
-        Rank 0 also archives the step's trajectories when the step asks."""
-        if self.rank == 0 and step.archive is not None:
-            step.write_archive(step.trajectories())
+        object store (`deploy.step_rows`): the token arrays of the episodes it holds only
+        (`StepRows.shard`); each rank archives the episodes it holds and rank 0 merges the parts
+        after the update, when the step asks. UniSkill's proposals, whose passes read every row:
+        every episode, and rank 0 archives them all."""
         if proposals:
-            rows = step.rows(step.trajectories(), self.tokenizer, rank=self.rank, world_size=self.world_size)
+            trajectories = step.trajectories()
+            if self.rank == 0:
+                step.write_archive(trajectories)
+            rows = step.rows(trajectories, self.tokenizer, rank=self.rank, world_size=self.world_size)
             return self.train_step(rows, proposals, align, proposer_warmup=proposer_warmup)
-        rows, owners = step.shard(self.tokenizer, rank=self.rank, world_size=self.world_size)
-        return self.train_step(rows, align=align, proposer_warmup=proposer_warmup, owners=owners)
+        shard = step.shard(self.tokenizer, rank=self.rank, world_size=self.world_size)
+        step.archive_part(shard, rank=self.rank, world_size=self.world_size)
+        metrics = self.train_step(shard.rows, align=align, proposer_warmup=proposer_warmup, owners=shard.owners)
+        if self.rank == 0:
+            step.merge_archive(shard, world_size=self.world_size)
+        return metrics

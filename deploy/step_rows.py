@@ -29,6 +29,7 @@ import torch
 
 from learner.batch import blank_ids, rows_from_trajectories
 from learner.collectives import all_gather_objects, distributed
+from deploy.step_archive import merge_parts, write_part
 from learner.sharding import episode_owners
 from learner.types import TrainRow
 from rollout_workers.prompts import ChatTokenizer, render_prompts
@@ -65,6 +66,22 @@ def with_tokens(summaries: Sequence[TrajectorySummary], refs: Sequence[StoredRes
 
 
 @dataclass(frozen=True)
+class Shard:
+    """A step as one learner rank holds it (`StepRows.shard`)."""
+
+    rows: list[TrainRow]
+    """Every row of the step: this rank's episodes' rows whole, the others' blank."""
+    owners: list[int]
+    """The rank that trains each row (`LearnerWorker.train_step(owners=...)`)."""
+    order: list[str]
+    """Every episode of the step (played or not), in step order: the archive's order."""
+    keepers: dict[str, int]
+    """traj_id -> the rank that holds the episode (trains its rows, archives it)."""
+    held: dict[str, Trajectory]
+    """This rank's episodes, whole: the played ones, and with an archive every one it keeps."""
+
+
+@dataclass(frozen=True)
 class StepRows:
     refs: tuple[StoredResult, ...]
     """Object refs of the step's collect results, in the step's trajectory order."""
@@ -74,7 +91,9 @@ class StepRows:
     """(traj_id, turn) -> the teacher's user message (`deploy.stages.smrc_sd.RoutingResult`)."""
     gamma: float = 1.0
     archive: str | None = None
-    """When set, rank 0 writes every trajectory of the step there as JSONL (`run.save_trajectories`)."""
+    """When set, every trajectory of the step is archived there as JSONL (`run.save_trajectories`):
+    each rank writes the episodes it keeps and rank 0 merges them (`archive_part`, `merge_archive`),
+    or rank 0 writes them all (`write_archive`)."""
 
     @classmethod
     def of(cls, refs: Sequence[StoredResult], played: Sequence[TrajectorySummary],
@@ -89,40 +108,38 @@ class StepRows:
 
         return with_tokens(unpack(ray.get([summaries for summaries, _ in self.refs])), self.refs)
 
-    def shard(self, tokenizer: ChatTokenizer | None = None, *, rank: int = 0,
-              world_size: int = 1) -> tuple[list[TrainRow], list[int]]:
-        """(The step's rows, their owning rank per row) as rank `rank` holds them: the rows of the
-        episodes it owns built from their token arrays, fetched from the packs that hold them;
-        every other row blank (`learner.batch.blank_row`). The same rows as `rows` where this
-        rank owns them. The episodes are dealt pack by pack, in consecutive runs of about equal
-        tokens (`learner.sharding.episode_owners`, from the summaries' token counts), so a rank
-        fetches about 1/`world_size` of the step's packs, plus the packs its run shares with its
-        neighbours'. The teacher messages of its own episodes are rendered here, the others' are blank
-        prompts of their lengths (`own_render`): a collective when there are teacher messages and
-        `world_size` > 1."""
+    def shard(self, tokenizer: ChatTokenizer | None = None, *, rank: int = 0, world_size: int = 1) -> Shard:
+        """The step as rank `rank` holds it (`Shard`): every episode is kept by one rank, dealt pack
+        by pack in consecutive runs of about equal trainable tokens (`learner.sharding.episode_owners`
+        on the summaries' token counts; an episode with nothing to train weighs nothing, so it goes
+        with its neighbours); the rank fetches only the packs that hold its episodes (about
+        1/`world_size` of the step's packs, plus those its run shares with its neighbours') and joins
+        its played episodes (all it keeps when the step is archived). Its rows are those episodes'
+        rows built from their token arrays, every other row blank (`learner.batch.blank_row`): the
+        same rows as `rows` where this rank owns them. The teacher messages of its own episodes are
+        rendered here, the others' are blank prompts of their lengths (`own_render`): a collective
+        when there are teacher messages and `world_size` > 1."""
         import ray
 
         values = ray.get([summaries for summaries, _ in self.refs])
-        played = [t for t in unpack(values) if t.traj_id in self.played]  # in step order, as the rows
-        in_packs = [t.traj_id for value in values for t in episodes_of(value) if t.traj_id in self.played]
-        dealt = {traj_id: i for i, traj_id in enumerate(in_packs)}  # numbered pack by pack
-        lengths, episode = [], []
-        for t in played:
-            for turn in t.turns:
-                if turn.num_response_tokens:
-                    lengths.append(turn.num_prompt_tokens + turn.num_response_tokens)
-                    episode.append(dealt[t.traj_id])
-        owners = episode_owners(torch.tensor(lengths, dtype=torch.long), torch.tensor(episode, dtype=torch.long),
-                                world_size).tolist()
-        mine = {in_packs[e] for e, r in zip(episode, owners) if r == rank}
+        every = unpack(values)  # in step order, as the rows and the archive
+        in_packs = [t for value in values for t in episodes_of(value)]
+        weights = [sum(turn.num_prompt_tokens + turn.num_response_tokens for turn in t.turns if turn.num_response_tokens)
+                   if t.traj_id in self.played else 0 for t in in_packs]
+        dealt = episode_owners(torch.tensor(weights, dtype=torch.long), torch.arange(len(in_packs)), world_size)
+        keepers = {t.traj_id: r for t, r in zip(in_packs, dealt.tolist())}
+        played = [t for t in every if t.traj_id in self.played]
+        owners = [keepers[t.traj_id] for t in played for turn in t.turns if turn.num_response_tokens]
+        mine = {t for t, r in keepers.items() if r == rank and (t in self.played or self.archive is not None)}
         packs = [pack for (_, pack), value in zip(self.refs, values)
                  if any(t.traj_id in mine for t in episodes_of(value))]
-        whole = {t.traj_id: t for t in join([t for t in played if t.traj_id in mine], ray.get(packs))}
+        held = {t.traj_id: t for t in join([t for t in every if t.traj_id in mine], ray.get(packs))}
         if self.teacher_messages and tokenizer is None:
             raise ValueError("StepRows.shard: the step has teacher messages; pass the model's tokenizer to render them")
         prompts = own_render(tokenizer, self.teacher_messages, mine, world_size=world_size) \
             if self.teacher_messages else None
-        return rows_from_trajectories([whole.get(t.traj_id, t) for t in played], prompts, gamma=self.gamma), owners
+        rows = rows_from_trajectories([held.get(t.traj_id, t) for t in played], prompts, gamma=self.gamma)
+        return Shard(rows, owners, [t.traj_id for t in every], keepers, held)
 
     def rows(self, trajectories: Sequence[Trajectory], tokenizer: ChatTokenizer | None = None, *, rank: int = 0,
              world_size: int = 1) -> list[TrainRow]:
@@ -136,6 +153,17 @@ class StepRows:
         prompts = shared_render(tokenizer, self.teacher_messages, rank=rank, world_size=world_size) \
             if self.teacher_messages else None
         return rows_from_trajectories(played, prompts, gamma=self.gamma)
+
+    def archive_part(self, shard: Shard, *, rank: int, world_size: int) -> None:
+        """Before the update: the archive's lines of the episodes this rank keeps (`deploy.step_archive`)."""
+        if self.archive is not None:
+            kept = [shard.held[t] for t in shard.order if shard.keepers[t] == rank]
+            write_part(self.archive, kept, rank=rank, world_size=world_size)
+
+    def merge_archive(self, shard: Shard, *, world_size: int) -> None:
+        """Rank 0, after the update: the archive from every rank's part (`deploy.step_archive`)."""
+        if self.archive is not None:
+            merge_parts(self.archive, shard.order, shard.keepers, world_size=world_size)
 
     def write_archive(self, trajectories: Sequence[Trajectory]) -> None:
         if self.archive is not None:

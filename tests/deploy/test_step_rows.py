@@ -155,11 +155,13 @@ def test_each_rank_joins_only_its_own_episodes_and_fetches_only_their_packs(ray_
         raise RuntimeError("this pack was fetched")
 
     no_second_pack = StepRows.of([refs[0], (refs[1][0], unreachable.remote())], played, None, gamma=0.5)
-    sharded = [no_second_pack.shard(rank=0, world_size=2), step.shard(rank=1, world_size=2)]
-    assert sharded[0][1] == sharded[1][1] == [0, 0, 1, 1, 1, 1, 1, 1]  # the same owners on both ranks
-    for rank, (rows, owners) in enumerate(sharded):
-        assert len(rows) == len(whole)
-        for row, full, owner in zip(rows, whole, owners, strict=True):
+    shards = [no_second_pack.shard(rank=0, world_size=2), step.shard(rank=1, world_size=2)]
+    assert shards[0].owners == shards[1].owners == [0, 0, 1, 1, 1, 1, 1, 1]  # the same on both ranks
+    assert shards[0].keepers == shards[1].keepers == {"g0/0": 0, "g1/0": 1, "g1/1": 1, "g1/2": 1, "g1/3": 1}
+    assert sorted(shards[0].held) == ["g0/0"] and sorted(shards[1].held) == ["g1/0", "g1/1", "g1/2"]
+    for rank, shard in enumerate(shards):
+        assert len(shard.rows) == len(whole)
+        for row, full, owner in zip(shard.rows, whole, shard.owners, strict=True):
             if owner == rank:
                 assert row == full
                 continue
@@ -167,4 +169,34 @@ def test_each_rank_joins_only_its_own_episodes_and_fetches_only_their_packs(ray_
             assert not any(row.prompt_ids) and not any(row.response_ids) and not any(row.sampler_logprobs)
             skip = {"prompt_ids", "response_ids", "sampler_logprobs"}
             assert row.model_dump(exclude=skip) == full.model_dump(exclude=skip)
-    assert step.shard(rank=0, world_size=1) == (whole, [0] * len(whole))
+    one = step.shard(rank=0, world_size=1)
+    assert (one.rows, one.owners) == (whole, [0] * len(whole))
+
+
+@pytest.mark.ray
+def test_the_ranks_archive_what_they_hold_and_rank_0_merges_it_in_step_order(ray_local, tmp_path):
+    """Archived, each rank also joins the episodes it keeps that are not played (here the episode the
+    env lost, kept by rank 1 with its neighbours); the merged archive is every episode of the step,
+    in step order, as whole trajectories (what rank 0 wrote alone before)."""
+    from rollout_workers.summaries import summarize
+    from rollout_workers.types import Trajectory
+
+    ray = ray_local
+    calls = [[_episode("g0/0", "g0", [(40, 30), (50, 20)], 10.0)],
+             [_episode("g1/0", "g1", [(20, 8)], 1.0), _episode("g1/1", "g1", [(5, 5)], 0.0)
+              .model_copy(update={"end_reason": "env_error"}), _episode("g1/2", "g1", [(20, 9)], 0.0)]]
+    split = [summarize(c) for c in calls]
+    refs = [(ray.put((summaries, None)), ray.put(pack)) for summaries, pack in split]
+    played = [s for summaries, _ in split for s in summaries if s.traj_id != "g1/1"]
+    archive = tmp_path / "trajectories" / "step_000003.jsonl"
+    step = StepRows.of(refs, played, None, gamma=1.0, archive=archive)
+    shards = [step.shard(rank=r, world_size=2) for r in range(2)]
+    assert sorted(shards[1].held) == ["g1/0", "g1/1", "g1/2"]  # the lost episode too, for the archive
+    for r, shard in enumerate(shards):
+        step.archive_part(shard, rank=r, world_size=2)
+    assert not archive.exists() and sorted(p.name for p in archive.parent.iterdir()) == \
+        ["step_000003.jsonl.rank0", "step_000003.jsonl.rank1"]
+    step.merge_archive(shards[0], world_size=2)
+    assert [p.name for p in archive.parent.iterdir()] == ["step_000003.jsonl"]
+    lines = archive.read_text().splitlines()
+    assert [Trajectory.model_validate_json(line) for line in lines] == [t for c in calls for t in c]
