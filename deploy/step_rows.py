@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from deploy.step_archive import merge_parts, write_part
 from learner.batch import blank_ids, rows_from_trajectories
 from learner.collectives import all_gather_objects, distributed
-from deploy.step_archive import merge_parts, write_part
 from learner.sharding import episode_owners
 from learner.types import TrainRow
 from rollout_workers.prompts import ChatTokenizer, render_prompts
