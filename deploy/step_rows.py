@@ -15,6 +15,7 @@ A rank fetches, joins and builds the rows of its own episodes only (`StepRows.sh
 dealt to the ranks from the summaries' token counts (`learner.sharding.episode_owners`, the same on
 every rank), and the other ranks' rows are blank rows of their lengths (`learner.batch.blank_row`),
 which the learner's advantages, mini-batches and loss denominators read and its passes never forward.
+The step's archive is written the same way, each rank the episodes it keeps (`deploy.step_archive`).
 """
 
 from __future__ import annotations
