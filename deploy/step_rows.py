@@ -1,21 +1,21 @@
 """A step's training data by reference: the learner ranks fetch the step's trajectories from the
-Ray object store themselves and build the rows there (`StepRows.rows`), so the driver never
-fetches a token array nor builds, pickles or ships a training row (docs/architecture.md "Who holds
-which bytes").
+Ray object store themselves and build the rows there, so the driver never fetches a token array
+nor builds, pickles or ships a training row (docs/architecture.md "Who holds which bytes").
 
 Each collect call of the rollout workers leaves two objects (`RolloutWorker.collect_apart`): the
 episodes' summaries (what the driver decides on) and their token pack (what only the learners
 read). The driver decides on the summaries: which episodes are learnt from (`played`: the
 infrastructure-failure split), the SMRC-SD teacher messages (written by its router, keyed by
-(traj_id, turn)) and the discount; the learners `join` the two back into trajectories and render
-the teacher messages to prompt ids with their own tokenizer (the model's, as the router's), a share each
-(`shared_render`).
+(traj_id, turn)) and the discount.
 
 A rank fetches, joins and builds the rows of its own episodes only (`StepRows.shard`): the episodes are
 dealt to the ranks from the summaries' token counts (`learner.sharding.episode_owners`, the same on
 every rank), and the other ranks' rows are blank rows of their lengths (`learner.batch.blank_row`),
 which the learner's advantages, mini-batches and loss denominators read and its passes never forward.
-The step's archive is written the same way, each rank the episodes it keeps (`deploy.step_archive`).
+It renders the teacher messages of its own episodes with its own tokenizer (the model's, as the
+router's; `own_render`), and archives the episodes it keeps (`deploy.step_archive`). A UniSkill
+step, whose passes read every row, has every rank join every episode (`StepRows.rows`, the teacher
+messages rendered a share a rank and exchanged: `shared_render`).
 """
 
 from __future__ import annotations
