@@ -22,7 +22,8 @@ SMRC-SD teacher message (text as long as the student prompt plus `--teacher-extr
 by a stand-in for the router: the routing rule's own cost is bench/routing_cost.py's). The learner
 ranks take their shard as learners do (`StepRows.shard`: the packs of their own episodes fetched and
 joined, the teacher messages rendered with a real BPE tokenizer, each rank its share, exchanged over a
-gloo group, the rows built) and report rank 0's seconds, rows and packs fetched.
+gloo group, the rows built) and report rank 0's seconds, rows and packs fetched; `--whole-step`
+has every rank join every episode and build every row instead (`StepRows.rows`), to compare with.
 `--allowed-width` gives every response position that many allowed ids (constrained decoding).
 
 Writes bench/results/driver_scale.json; the last line is
@@ -127,11 +128,11 @@ class ReceivingLearner:
     `learner/logprob_s` (a stage this learner does not have), and what it held: its rows and the
     packs it fetched, with their share of the step's tokens."""
 
-    def __init__(self, tokenizer_dir: str | None = None, rank: int = 0, world_size: int = 1):
+    def __init__(self, tokenizer_dir: str | None = None, rank: int = 0, world_size: int = 1, whole_step: bool = False):
         from transformers import AutoTokenizer
 
         self.tokenizer = None if tokenizer_dir is None else AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.whole_step = rank, world_size, whole_step
 
     def join(self, init_method: str) -> None:
         import torch.distributed as dist
@@ -144,9 +145,13 @@ class ReceivingLearner:
         from deploy.step_rows import episodes_of
 
         start = time.perf_counter()
-        shard = step.shard(self.tokenizer, rank=self.rank, world_size=self.world_size)
+        if self.whole_step:  # every rank joins every episode and builds every row (`StepRows.rows`)
+            rows = step.rows(step.trajectories(), self.tokenizer, rank=self.rank, world_size=self.world_size)
+            owners, mine = [self.rank] * len(rows), {r.traj_id for r in rows}
+        else:
+            shard = step.shard(self.tokenizer, rank=self.rank, world_size=self.world_size)
+            rows, owners, mine = shard.rows, shard.owners, set(shard.held)
         shard_s = time.perf_counter() - start
-        rows, owners, mine = shard.rows, shard.owners, set(shard.held)
         calls = [episodes_of(v) for v in ray.get([summaries for summaries, _ in step.refs])]
         tokens = [sum(t.num_prompt_tokens + t.num_response_tokens for e in c for t in e.turns) for c in calls]
         fetched = [any(e.traj_id in mine for e in c) for c in calls]
@@ -250,7 +255,8 @@ def run_one(args: argparse.Namespace, episodes: int) -> dict:
     worker_cls = ray.remote(num_cpus=0)(SyntheticWorker)
     workers = [worker_cls.remote(shape, seed=w) for w in range(args.workers)]
     tokenizer = args.tokenizer_dir if args.teacher_fraction > 0 else None
-    learners = [ray.remote(num_cpus=0)(ReceivingLearner).remote(tokenizer, r, args.learners) for r in range(args.learners)]
+    learners = [ray.remote(num_cpus=0)(ReceivingLearner).remote(tokenizer, r, args.learners, args.whole_step)
+                for r in range(args.learners)]
     ray.get([a.join.remote(f"file://{run_dir / 'rendezvous'}") for a in learners])
     cluster = _BenchCluster(cfg=cfg, pools=[_Pool(10**6)] * args.workers, workers=workers,
                             learner_group=SimpleNamespace(actors=learners))
@@ -321,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--learners", type=int, default=2)
     p.add_argument("--object-store-gb", type=int, default=6)
+    p.add_argument("--whole-step", action="store_true",
+                   help="learners join every episode and build every row (`StepRows.rows`, the path before each "
+                        "rank took its own episodes; UniSkill's), to compare with")
     p.add_argument("--label", default="", help="recorded with the results (e.g. the data path measured)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
@@ -344,15 +353,16 @@ def main(argv: list[str] | None = None) -> None:
         results.append(row)
         print(f"{n:5d} ep  {row['tokens'] / 1e6:6.1f}M tokens  driver cpu {row['driver_cpu_s']:6.2f} s  "
               f"wall {row['driver_wall_s']:6.2f} s  peak RSS {row['driver_peak_rss_gb']:5.2f} GB  {row['stages']}"
-              + f"  learner rank 0: {row['learner_shard_s']:.2f} s for its shard, own rows {row['rank0']['own_rows']:.0f}"
+              + f"  learner rank 0: {row['learner_shard_s']:.2f} s to build its rows, own rows {row['rank0']['own_rows']:.0f}"
                 f" of {row['turns']}, packs {row['rank0']['packs_fetched']:.0f} of {row['rank0']['packs']:.0f}"
                 f" ({row['rank0']['token_fraction_fetched']:.0%} of the tokens)"
-              + (f", teacher rows {row['teacher_rows']} (a share rendered, all exchanged)" if row["teacher_rows"] else ""),
+              + (f", teacher rows {row['teacher_rows']} (each rendered by the rank that owns its episode)" if row["teacher_rows"] else ""),
               flush=True)
     out = {"label": args.label, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
            "shape": {"turns": args.turns, "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
                      "teacher_fraction": args.teacher_fraction, "teacher_extra": args.teacher_extra,
-                     "allowed_width": args.allowed_width, "workers": args.workers, "learners": args.learners},
+                     "allowed_width": args.allowed_width, "workers": args.workers, "learners": args.learners,
+                     "whole_step": args.whole_step},
            "goals": {"128": {"wall_s": 0.5, "rss_gb": 1.0}, "1024": {"wall_s": 4.0, "rss_gb": 2.0}},
            "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
