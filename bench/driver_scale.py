@@ -21,8 +21,8 @@ Sizes default to the shipped GPU config's step (16 tasks x 8 = 128 episodes) at 
 SMRC-SD teacher message (text as long as the student prompt plus `--teacher-extra` tokens, written
 by a stand-in for the router: the routing rule's own cost is bench/routing_cost.py's). The learner
 ranks take their shard as learners do (`StepRows.shard`: the packs of their own episodes fetched and
-joined, the teacher messages rendered with a real BPE tokenizer, each rank its share, exchanged over a
-gloo group, the rows built) and report rank 0's seconds, rows and packs fetched; `--whole-step`
+joined, their episodes' teacher messages rendered with a real BPE tokenizer and the other ranks'
+lengths gathered over a gloo group, the rows built) and report rank 0's seconds, rows and packs fetched; `--whole-step`
 has every rank join every episode and build every row instead (`StepRows.rows`), to compare with.
 `--allowed-width` gives every response position that many allowed ids (constrained decoding).
 
@@ -122,9 +122,9 @@ class SyntheticWorker:
 
 class ReceivingLearner:
     """A learner rank that receives the step's data as a learner does (`deploy.step_rows.StepRows.
-    shard`: it fetches and joins the packs of the episodes it owns, renders its share of the
-    teacher messages to prompt ids and exchanges them with the other ranks over a gloo group, and
-    builds its rows, the others blank) and trains nothing. It reports that stage's seconds as
+    shard`: it fetches and joins the packs of the episodes it owns, renders their teacher messages
+    to prompt ids and gathers the other ranks' lengths over a gloo group, and builds its rows, the
+    others blank) and trains nothing. It reports that stage's seconds as
     `learner/logprob_s` (a stage this learner does not have), and what it held: its rows and the
     packs it fetched, with their share of the step's tokens."""
 
