@@ -1,8 +1,9 @@
 """Data-parallel sharding of a step's rows into micro-batches (docs/algorithms.md S7.9).
 
-Every rank receives the same rows (by episode, below: the others' token arrays blank); each trains (or scores) a share of them. One rule serves the
-actor update and its no-grad pass, the proposer update and UniSkill's scoring pass: sort by
-length, stride by rank, split into micro-batches, pad to equal count. Sorting by length keeps the
+Every rank receives the same rows (dealt by episode, below: the other ranks' token arrays blank);
+each trains (or scores) a share of them. One rule serves the actor update and its no-grad pass, the
+proposer update and UniSkill's scoring pass: sort by length, stride by rank, split into
+micro-batches, pad to equal count. Sorting by length keeps the
 padding inside a micro-batch small; since every loss denominator is mini-batch-global, how the
 rows are split never changes the loss. Equal counts keep ZeRO collectives (and DeepSpeed's
 gradient-accumulation boundaries) lined up: a short rank runs zero-weight repeats of one row
