@@ -21,6 +21,9 @@ from learner.worker import LearnerWorker
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 
+SD = {"sd": {"coef": 0.5}}
+
+
 def ds_cfg(**kw) -> LearnerConfig:
     base = {"lr": 1e-3, "use_deepspeed": True, "kl_coef": 0.01, "micro_batch_rows": 4, "shuffle_rows": False}
     return LearnerConfig(**{**base, "seed": 3, **kw})
@@ -112,10 +115,11 @@ def test_checkpoint_round_trip(tiny_model_dir, make_rows, free_port, tmp_path):
 
 
 def _blank_others(rows: list, rank: int) -> tuple[list, list[int]]:
-    """What `deploy.step_rows.StepRows.shard` hands rank `rank`: its episodes' rows, the others blank."""
+    """What `deploy.step_rows.StepRows.shard` hands rank `rank`: its episodes' rows, the others blank
+    (their teacher prompts too, of the same length: `deploy.step_rows.own_render`)."""
     from types import SimpleNamespace
 
-    from learner.batch import blank_row, collate_rows
+    from learner.batch import blank_ids, blank_row, collate_rows
     from learner.sharding import episode_owners
 
     batch = collate_rows(rows, pad_token_id=0)
@@ -124,11 +128,14 @@ def _blank_others(rows: list, rank: int) -> tuple[list, list[int]]:
     for row, owner in zip(rows, owners, strict=True):
         counts = SimpleNamespace(num_prompt_tokens=len(row.prompt_ids), num_response_tokens=len(row.response_ids))
         fields = row.model_dump(exclude={"prompt_ids", "response_ids", "sampler_logprobs", "allowed_token_ids"})
+        if row.teacher_prompt_ids is not None:
+            fields["teacher_prompt_ids"] = blank_ids(len(row.teacher_prompt_ids))
         out.append(row if owner == rank else blank_row(counts, **fields))
     return out, owners
 
 
-def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, rows_json: str, by_episode: bool) -> None:
+def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, rows_json: str, by_episode: bool,
+               sd: bool) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from learner.types import TrainRow
@@ -138,7 +145,7 @@ def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, rows_json: st
     if by_episode:
         rows, owners = _blank_others(rows, rank)
     w = LearnerWorker(
-        ds_cfg(zero_stage=1, eps=1.0, micro_batch_rows=2),
+        ds_cfg(zero_stage=1, eps=1.0, micro_batch_rows=2, **SD if sd else {}),
         model_dir,
         rank=rank,
         world_size=2,
@@ -150,19 +157,25 @@ def _rank_main(rank: int, model_dir: str, port: int, out_dir: str, rows_json: st
         Path(out_dir, "metrics.json").write_text(metrics.model_dump_json())
 
 
-@pytest.mark.parametrize("by_episode", [False, True], ids=["stride", "by_episode"])
-def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path, by_episode):  # S7.9 over DP ranks
+@pytest.mark.parametrize("by_episode, sd", [(False, False), (True, False), (True, True)],
+                         ids=["stride", "by_episode", "by_episode_smrc_sd"])
+def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path, by_episode, sd):  # S7.9 over DP ranks
     """by_episode: each rank holds only its own episodes' token arrays, the other rows blank, and
-    trains the rows it owns (`owners`): the same update as one rank holding everything."""
+    trains the rows it owns (`owners`): the same update as one rank holding everything. With
+    SMRC-SD every other row has a teacher prompt (blank too on the other ranks), so the teacher
+    pass and the "sd" loss run on the rows each rank owns."""
     from safetensors.torch import load_file
 
     rows = make_rows()[:11]  # odd: ranks get 6 and 5 rows -> uneven micro-batch counts get padded
+    if sd:  # a teacher prompt: the row's own prompt with two extra ids in front
+        rows = [r.model_copy(update={"teacher_prompt_ids": (5, 6, *r.prompt_ids)}) if i % 2 else r
+                for i, r in enumerate(rows)]
     rows_json = json.dumps([r.model_dump() for r in rows])
     ctx = mp.get_context("spawn")
     out = tmp_path / "dp2"
     port = free_port()
     procs = [
-        ctx.Process(target=_rank_main, args=(r, str(tiny_model_dir), port, str(out), rows_json, by_episode))
+        ctx.Process(target=_rank_main, args=(r, str(tiny_model_dir), port, str(out), rows_json, by_episode, sd))
         for r in (0, 1)
     ]
     for p in procs:
@@ -173,7 +186,8 @@ def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path
 
     # eps=1 keeps AdamW linear in the gradient (see test_worker_torch), so float noise stays small
     single = LearnerWorker(
-        LearnerConfig(**{**ds_cfg(eps=1.0).model_dump(), "use_deepspeed": False}), str(tiny_model_dir)
+        LearnerConfig(**{**ds_cfg(eps=1.0, **SD if sd else {}).model_dump(), "use_deepspeed": False}),
+        str(tiny_model_dir),
     )
     m_single = single.train_step(rows)
     got = load_file(str(out / "model.safetensors"))
@@ -184,3 +198,6 @@ def test_two_ranks_match_one_rank(tiny_model_dir, make_rows, free_port, tmp_path
     assert m_dp["loss"] == pytest.approx(m_single.loss, abs=1e-6)
     assert m_dp["kl"] == pytest.approx(m_single.kl, abs=1e-6)
     assert m_dp["sampler_logp_abs_diff"] == pytest.approx(m_single.sampler_logp_abs_diff, abs=1e-5)
+    if sd:
+        assert m_dp["extra_losses"]["sd"] == pytest.approx(m_single.extra_losses["sd"], abs=1e-6)
+        assert m_single.extra_losses["sd"] != 0.0 and m_dp["extra_metrics"]["sd_match_rate"] == pytest.approx(5 / 11)
