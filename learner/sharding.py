@@ -150,12 +150,15 @@ def owned_rows(
     owner: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N,) bool: the rows `shard_micro_batches` gives rank `rank` over all mini-batches
-    (deterministic: any rank can compute any other rank's share)."""
+    (deterministic: any rank can compute any other rank's share). With `owner`: the mini-batches'
+    rows that rank owns, read off without splitting."""
     owned = torch.zeros(len(lengths), dtype=torch.bool)
     for mini in minis:
+        if owner is not None:
+            owned[mini[owner[mini] == rank]] = True
+            continue
         for idx, real in shard_micro_batches(
-            lengths, mini, rank=rank, world_size=world_size, micro_rows=micro_rows, max_tokens=max_tokens,
-            owner=owner,
+            lengths, mini, rank=rank, world_size=world_size, micro_rows=micro_rows, max_tokens=max_tokens
         ):
             owned[idx] = owned[idx] | real
     return owned

@@ -31,7 +31,9 @@ def test_the_ranks_shares_hold_every_message_once_and_about_equal_text():
     assert render_share(MESSAGES, rank=1, world_size=3) == shares[1]  # the same on every rank
 
 
-def _rank(init: str, rank: int, tokenizer_dir: str, queue) -> None:
+def _rank(init: str, rank: int, tokenizer_dir: str, queue, own: bool) -> None:
+    """One of two gloo ranks: render the teacher messages (a share each, or, `own`, the messages of
+    this rank's episodes: g/0, g/2 | g/1, g/3; no rank owns g/4) counting the texts it encodes."""
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
@@ -40,54 +42,42 @@ def _rank(init: str, rank: int, tokenizer_dir: str, queue) -> None:
     rendered = []
     encode = tokenizer.encode
     tokenizer.encode = lambda text, **kw: rendered.append(text) or encode(text, **kw)
-    prompts = shared_render(tokenizer, MESSAGES, rank=rank, world_size=2)
-    queue.put((rank, {k: v.tolist() for k, v in prompts.items()}, len(rendered)))
+    if own:
+        owned = {f"g/{i}" for i in range(5) if i % 2 == rank} - {"g/4"}
+        prompts = own_render(tokenizer, MESSAGES, owned, world_size=2)
+    else:
+        prompts = shared_render(tokenizer, MESSAGES, rank=rank, world_size=2)
+    queue.put((rank, {k: (v.tolist(), v.flags.writeable) for k, v in prompts.items()}, len(rendered)))
     dist.destroy_process_group()
+
+
+def _two_ranks(tmp_path, tokenizer_dir: str, *, own: bool) -> list[tuple[int, dict, int]]:
+    """(rank, its prompts as (ids, writeable), texts it encoded) of two spawned `_rank`s, by rank."""
+    queue = CTX.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [CTX.Process(target=_rank, args=(init, r, tokenizer_dir, queue, own)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    return results
 
 
 def test_two_ranks_each_render_half_and_both_get_every_prompt(tmp_path, tokenizer_dir):
     from transformers import AutoTokenizer
 
-    queue = CTX.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [CTX.Process(target=_rank, args=(init, r, tokenizer_dir, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    results = _two_ranks(tmp_path, tokenizer_dir, own=False)
     want = render_prompts(AutoTokenizer.from_pretrained(tokenizer_dir), MESSAGES)
     for _, prompts, count in results:
-        assert prompts == want  # every rank holds every teacher prompt, as one tokenizer renders it
+        assert {k: ids for k, (ids, _) in prompts.items()} == want  # every rank holds every teacher prompt
     assert [count for _, _, count in results] == [8, 7]  # and rendered only its share of the 15
-
-
-def _own_rank(init: str, rank: int, tokenizer_dir: str, queue) -> None:
-    import torch.distributed as dist
-    from transformers import AutoTokenizer
-
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    rendered = []
-    encode = tokenizer.encode
-    tokenizer.encode = lambda text, **kw: rendered.append(text) or encode(text, **kw)
-    owned = {f"g/{i}" for i in range(5) if i % 2 == rank} - {"g/4"}  # g/4: no rank owns it (no turn to train)
-    prompts = own_render(tokenizer, MESSAGES, owned, world_size=2)
-    queue.put((rank, {k: (v.tolist(), v.flags.writeable) for k, v in prompts.items()}, len(rendered)))
-    dist.destroy_process_group()
 
 
 def test_a_rank_renders_its_own_episodes_messages_and_learns_the_others_lengths(tmp_path, tokenizer_dir):
     from transformers import AutoTokenizer
 
-    queue = CTX.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [CTX.Process(target=_own_rank, args=(init, r, tokenizer_dir, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    results = _two_ranks(tmp_path, tokenizer_dir, own=True)
     want = render_prompts(AutoTokenizer.from_pretrained(tokenizer_dir), MESSAGES)
     for rank, prompts, count in results:
         assert sorted(prompts) == sorted(k for k in MESSAGES if k[0] != "g/4")
